@@ -1,0 +1,30 @@
+"""Test harnesses shared by every trainer's tests, importable by users who test their own extensions.
+
+- `config`: `cpu_test_args`, trainer arguments for a few fast CPU steps.
+- `tiny_model`: a tiny random-weight causal LM with the real SmolLM2 chat-template tokenizer, built at run time.
+- `scripted`: replace generation by a function of the prompt ids, and record the batches a trainer builds.
+- `multiprocess`: run a script under `torchrun --nproc_per_node N` (gloo on CPU) and collect each rank's results.
+- `vllm_server`: a loopback OpenAI-compatible server, and TRL's real vLLM server-mode client pointed at it.
+"""
+
+from .config import cpu_test_args
+from .multiprocess import RankResults, run_torchrun, write_rank_result
+from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration
+from .tiny_model import tiny_causal_lm, tiny_checkpoint, tiny_tokenizer
+from .vllm_server import LoopbackVLLMServer, vllm_server_mode
+
+
+__all__ = [
+    "BatchRecorder",
+    "GenerationCall",
+    "LoopbackVLLMServer",
+    "RankResults",
+    "ScriptedGeneration",
+    "cpu_test_args",
+    "run_torchrun",
+    "tiny_causal_lm",
+    "tiny_checkpoint",
+    "tiny_tokenizer",
+    "vllm_server_mode",
+    "write_rank_result",
+]

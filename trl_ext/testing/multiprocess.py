@@ -1,0 +1,73 @@
+"""Run a script under `torchrun --nproc_per_node N` on CPU (gloo) and collect what each rank reports.
+
+`accelerate launch` with a MULTI_CPU config does not spawn processes without MPI; `torchrun` does, and accelerate
+picks up its environment (RANK, WORLD_SIZE, ...) and the gloo backend on its own.
+
+In the script:   write_rank_result({"weights_sha": ..., "metrics": ...})
+In the test:     results = run_torchrun("tests/scripts/train_two_steps.py", nproc=2)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+RESULTS_ENV = "TRL_EXT_RANK_RESULTS_DIR"
+RankResults = list[dict]
+
+
+def write_rank_result(result: dict) -> None:
+    """Write this rank's JSON-serialisable `result` where [`run_torchrun`] collects it."""
+    directory = os.environ.get(RESULTS_ENV)
+    if directory is None:
+        raise RuntimeError(f"write_rank_result() must run under run_torchrun(), which sets ${RESULTS_ENV}.")
+    rank = int(os.environ.get("RANK", "0"))
+    path = Path(directory) / f"rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+
+
+def run_torchrun(
+    script: str | os.PathLike,
+    nproc: int = 2,
+    args: list[str] | tuple[str, ...] = (),
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> RankResults:
+    """Run `script` with `torchrun --standalone --nproc_per_node nproc` and return each rank's result, by rank.
+
+    CUDA is hidden and each rank gets one thread, so the run is CPU-only and does not oversubscribe small machines.
+    A timeout (deadlock) or a non-zero exit raises `RuntimeError` carrying the end of the combined output.
+    """
+    with tempfile.TemporaryDirectory(prefix="trl_ext_torchrun_") as results_dir:
+        run_env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            RESULTS_ENV: results_dir,
+            **(env or {}),
+        }
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd += [str(script), *args]
+        try:
+            proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            output = (e.stdout or b"")[-6000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-6000:]
+            raise RuntimeError(f"torchrun did not finish in {timeout}s (deadlock?):\n{output}") from None
+        output = (proc.stdout + proc.stderr)[-12000:]
+        if proc.returncode != 0:
+            raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{output}")
+        results = []
+        for rank in range(nproc):
+            path = Path(results_dir) / f"rank{rank}.json"
+            if not path.is_file():
+                raise RuntimeError(f"rank {rank} wrote no result (call write_rank_result):\n{output}")
+            results.append(json.loads(path.read_text()))
+        return results

@@ -1,0 +1,97 @@
+"""Scripted generation and batch recording, to assert the exact batch a trainer builds.
+
+`ScriptedGeneration` replaces a trainer's `_generate_single_turn` (the seam every generation path of
+`GRPOTrainer` and of trl-ext's trainers goes through) with a script: a function of the decoded prompt and of the
+sample's index inside its group. Everything around generation (tokenisation, rewards, advantages, masks, loss) is the
+trainer's own code.
+
+    with ScriptedGeneration(trainer, lambda prompt, k: "A" if k % 2 else "B") as gen, BatchRecorder(trainer) as rec:
+        trainer.train()
+    gen.calls[0].num_generations, rec.batches[0]["advantages"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GenerationCall:
+    """One call of `_generate_single_turn` as this process saw it."""
+
+    prompt_ids: list[list[int]]
+    """Prompt token ids, one row per completion (each prompt repeated `num_generations` times)."""
+    num_generations: int
+    completion_ids: list[list[int]]
+    """What the script returned, as token ids."""
+
+
+Script = Callable[[str, int], "str | list[int]"]
+
+
+class ScriptedGeneration:
+    """Context manager replacing `trainer._generate_single_turn` with `script(prompt_text, sample_index)`.
+
+    `prompt_text` is the prompt decoded with special tokens kept (the chat template is visible); `sample_index` is the
+    row's index inside its group of `num_generations` in the gathered (all-process) batch, so multi-process runs script
+    the same group the same way. A returned string is tokenised and gets the end-of-sequence token appended (a
+    finished completion); a returned list of token ids is used verbatim (e.g. a truncated completion without EOS).
+    Completions come back without sampling log-probs, like TRL's transformers generation path.
+    """
+
+    def __init__(self, trainer, script: Script):
+        self.trainer = trainer
+        self.script = script
+        self.calls: list[GenerationCall] = []
+
+    @property
+    def tokenizer(self):
+        return self.trainer._tokenizer
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        offset = self.trainer.accelerator.process_index * len(prompt_ids)  # rows of lower ranks come first
+        completion_ids = []
+        for i, ids in enumerate(prompt_ids):
+            out = self.script(self.tokenizer.decode(ids), (offset + i) % num_generations)
+            if isinstance(out, str):
+                out = self.tokenizer.encode(out, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            completion_ids.append([int(t) for t in out])
+        self.calls.append(GenerationCall([list(map(int, p)) for p in prompt_ids], num_generations, completion_ids))
+        return completion_ids, None
+
+    def __enter__(self) -> ScriptedGeneration:
+        # An instance attribute shadows the class method; deleting it restores the trainer's own.
+        self.trainer._generate_single_turn = self._generate_single_turn
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.trainer._generate_single_turn
+
+
+class BatchRecorder:
+    """Context manager recording every dict `trainer._generate_and_score_completions` returns (before shuffling).
+
+    Tensors are detached and copied to CPU; other values are kept as they are.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.batches: list[dict] = []
+
+    def _record(self, inputs):
+        output = self._original(inputs)
+        self.batches.append(
+            {k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in output.items()}
+        )
+        return output
+
+    def __enter__(self) -> BatchRecorder:
+        self._original = self.trainer._generate_and_score_completions
+        self.trainer._generate_and_score_completions = self._record
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.trainer._generate_and_score_completions
