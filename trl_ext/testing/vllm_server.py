@@ -113,8 +113,10 @@ class LoopbackVLLMServer:
             "/health": lambda body: {},
             "/v1/models": lambda body: {"object": "list", "data": [{"id": self.model_name, "object": "model"}]},
             "/server_info": lambda body: {
-                "model_config": {"logprobs_mode": "processed_logprobs"},
-                "weight_transfer_config": {"backend": "nccl"},
+                "vllm_config": {
+                    "model_config": {"logprobs_mode": "processed_logprobs"},
+                    "weight_transfer_config": {"backend": "nccl"},
+                }
             },
             "/get_world_size": lambda body: {"world_size": 1},
         }

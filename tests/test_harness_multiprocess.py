@@ -1,0 +1,34 @@
+"""Harness (c): two torchrun ranks (gloo) train plain GRPOTrainer for 2 steps and end with identical weights."""
+
+from pathlib import Path
+
+import pytest
+
+from trl_ext.testing import run_torchrun
+
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_finish_two_steps_with_identical_weights():
+    results = run_torchrun(SCRIPTS / "grpo_two_ranks.py", nproc=2, timeout=600)
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["world_size"] == 2 and r["backend"] == "gloo" and r["global_step"] == 2
+        assert r["final_digest"] != r["initial_digest"]  # the run trained
+    assert results[0]["final_digest"] == results[1]["final_digest"]  # DDP kept the replicas in sync
+
+
+def test_runner_reports_a_failing_rank(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    with pytest.raises(RuntimeError, match="exited with"):
+        run_torchrun(script, nproc=2, timeout=120)
+
+
+def test_runner_reports_a_missing_result(tmp_path):
+    script = tmp_path / "silent.py"
+    script.write_text("pass\n")
+    with pytest.raises(RuntimeError, match="rank 0 wrote no result"):
+        run_torchrun(script, nproc=2, timeout=120)

@@ -1,0 +1,57 @@
+"""Package metadata and the TRL version guard."""
+
+import importlib.metadata
+import subprocess
+import sys
+import warnings
+
+import pytest
+from packaging.requirements import Requirement
+
+import trl_ext
+from trl_ext import compat
+
+
+def test_trl_is_pinned_to_the_tested_minor():
+    requires = [Requirement(r) for r in importlib.metadata.requires("trl-ext")]
+    (trl_req,) = [r for r in requires if r.name == "trl" and not r.marker]
+    assert "1.16.0" in trl_req.specifier and "1.16.9" in trl_req.specifier
+    assert "1.17.0" not in trl_req.specifier and "1.15.2" not in trl_req.specifier
+    names = {r.name for r in requires}
+    assert {"transformers", "peft", "accelerate", "datasets", "math-verify", "matplotlib"} <= names
+    extras = {str(r.marker) for r in requires if r.marker}
+    assert any('extra == "vllm"' in e for e in extras) and any('extra == "deepspeed"' in e for e in extras)
+
+
+def test_installed_trl_is_in_range_without_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compat.check_trl_version() is True
+
+
+def test_untested_trl_warns_once_naming_the_range(monkeypatch):
+    monkeypatch.setattr(compat, "_warned", False)
+    with pytest.warns(UserWarning, match=r"trl>=1\.16\.0,<1\.17\.0.*trl 1\.17\.0 is installed"):
+        assert compat.check_trl_version("1.17.0") is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compat.check_trl_version("0.29.0") is False  # second time: silent
+
+
+def test_import_warns_with_an_untested_trl():
+    """`import trl_ext` itself performs the check (run in a fresh interpreter with a faked TRL version)."""
+    code = (
+        "import importlib.metadata as md, warnings\n"
+        "real = md.version\n"
+        "md.version = lambda name: '1.99.0' if name == 'trl' else real(name)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import trl_ext\n"
+        "print(sum('tested with trl' in str(x.message) for x in w))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "1"
+
+
+def test_version_is_exposed():
+    assert trl_ext.__version__ == importlib.metadata.version("trl-ext")
