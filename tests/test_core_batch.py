@@ -1,0 +1,42 @@
+"""Advantage post-processing and row-batch concatenation against hand-computed values."""
+
+import pytest
+import torch
+
+from trl_ext.core.advantages import prompt_level_normalize
+from trl_ext.core.batch import concat_row_batches
+
+
+def test_prompt_level_normalize_by_hand():
+    values = torch.tensor([0.1, -0.1, 0.3, -0.3, 0.0, 0.0, 0.0, 0.0])  # two prompts of 4 rows
+    out = prompt_level_normalize(values, group_size=4)
+    std = torch.tensor([0.1, -0.1, 0.3, -0.3]).std()  # unbiased: sqrt((0.01+0.01+0.09+0.09)/3) = sqrt(0.2/3)
+    assert std.item() == pytest.approx((0.2 / 3) ** 0.5)
+    torch.testing.assert_close(out[:4], torch.tensor([0.1, -0.1, 0.3, -0.3]) / (std + 1e-4))
+    assert out[4:].tolist() == [0.0] * 4  # a constant prompt gets zero, not NaN
+    with pytest.raises(ValueError, match="groups of 3"):
+        prompt_level_normalize(values, group_size=3)
+
+
+def test_concat_pads_prompts_left_and_completions_right():
+    a = {"prompt_ids": torch.tensor([[5, 6]]), "prompt_mask": torch.tensor([[1, 1]]),
+         "completion_ids": torch.tensor([[7, 8, 9]]), "completion_mask": torch.tensor([[1, 1, 1]]),
+         "old_per_token_logps": torch.tensor([[-1.0, -2.0, -3.0]]), "advantages": torch.tensor([0.5]),
+         "num_items_in_batch": torch.tensor(3)}
+    b = {"prompt_ids": torch.tensor([[1, 2, 3, 4]]), "prompt_mask": torch.tensor([[1, 1, 1, 1]]),
+         "completion_ids": torch.tensor([[3]]), "completion_mask": torch.tensor([[1]]),
+         "old_per_token_logps": torch.tensor([[-0.5]]), "advantages": torch.tensor([-1.0]),
+         "num_items_in_batch": torch.tensor(1)}
+    out = concat_row_batches([a, b], pad_token_id=0)
+    assert out["prompt_ids"].tolist() == [[0, 0, 5, 6], [1, 2, 3, 4]]
+    assert out["prompt_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert out["completion_ids"].tolist() == [[7, 8, 9], [3, 0, 0]]
+    assert out["completion_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["old_per_token_logps"].tolist() == [[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]]
+    assert out["advantages"].tolist() == [0.5, -1.0]
+    assert "num_items_in_batch" not in out  # must be recomputed for the union
+
+
+def test_concat_rejects_mismatched_keys():
+    with pytest.raises(ValueError, match="different keys"):
+        concat_row_batches([{"advantages": torch.zeros(1)}, {"x": torch.zeros(1)}], pad_token_id=0)

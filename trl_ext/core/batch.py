@@ -1,0 +1,47 @@
+"""Concatenate the row batches returned by `GRPOTrainer._generate_and_score_completions`."""
+
+from __future__ import annotations
+
+import torch
+
+
+# Prompts are left-padded by TRL, everything else per token is right-padded.
+_LEFT_PADDED = {"prompt_ids", "prompt_mask"}
+
+
+def _pad_value(key: str, pad_token_id: int) -> float:
+    if key.endswith("_ids"):
+        return pad_token_id
+    if key == "importance_sampling_ratio":
+        return 1.0
+    return 0  # masks and log-probs: padded positions are masked out anyway
+
+
+def concat_row_batches(batches: list[dict], pad_token_id: int) -> dict:
+    """Stack row batches with the same keys: 2-D tensors are padded to the widest batch, 1-D tensors concatenated.
+
+    Scalars (e.g. `num_items_in_batch`) are dropped: they describe one batch and must be recomputed for the union.
+    Keys must agree across batches; other value types are not supported and raise.
+    """
+    keys = list(batches[0])
+    for batch in batches[1:]:
+        if set(batch) != set(keys):
+            raise ValueError(f"Row batches have different keys: {sorted(keys)} vs {sorted(batch)}.")
+    out = {}
+    for key in keys:
+        values = [b[key] for b in batches]
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            raise TypeError(f"Cannot concatenate non-tensor batch entry {key!r}.")
+        if values[0].dim() == 0:
+            continue
+        if values[0].dim() == 2:
+            width = max(v.size(1) for v in values)
+            side = "left" if key in _LEFT_PADDED else "right"
+            fill = _pad_value(key, pad_token_id)
+            padded = []
+            for v in values:
+                extra = v.new_full((v.size(0), width - v.size(1)), fill)
+                padded.append(torch.cat([extra, v] if side == "left" else [v, extra], dim=1))
+            values = padded
+        out[key] = torch.cat(values, dim=0)
+    return out
