@@ -1,0 +1,139 @@
+"""Train calibrated confidence with RLCRMultiTurnTrainer: answer, then a confidence turn per fixed answer.
+
+    accelerate launch recipes/rlcr.py                          # embedded default: SmolLM2-135M, built-in data, CPU
+    accelerate launch --config_file accelerate_configs/zero2.yaml recipes/rlcr.py --config recipes/configs/rlcr_qwen2.5_1.5b.yaml
+    python recipes/rlcr.py --eval_only --model_name_or_path outputs/rlcr-smollm2-cpu
+
+Writes to `output_dir`: `metrics.json` (calibration before/after and the training log), `reliability_before.png`,
+`reliability_after.png`, `reliability_before_after.png`, `learning_curves.png`, and the trained model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_ext.calibration import plot_reliability_diagrams, reliability_diagram
+from trl_ext.data import graded_arithmetic
+from trl_ext.data.arithmetic import ANSWER_FORMAT
+from trl_ext.recipe import (
+    RecipeScriptArguments,
+    load_recipe_dataset,
+    plot_learning_curves,
+    resolve_model,
+    with_default_config,
+    write_json,
+)
+from trl_ext.rlcr_evaluation import evaluate_calibration
+from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
+CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence/parse_fail_rate"]
+
+
+@dataclass
+class RLCRScriptArguments(RecipeScriptArguments):
+    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags.
+
+    Parameters:
+        eval_only (`bool`, *optional*, defaults to `False`):
+            Only evaluate `--model_name_or_path` (greedy answer + confidence) and write the calibration report.
+    """
+
+    eval_only: bool = field(default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."})
+
+
+def datasets_for(script_args, training_args):
+    system_prompt = script_args.system_prompt or ANSWER_FORMAT
+    train, evaluation = load_recipe_dataset(script_args, system_prompt)
+    if train is None:  # the built-in graded arithmetic, disjoint seeds for train and eval
+        train = graded_arithmetic(script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt)
+        evaluation = graded_arithmetic(script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt)
+    return train, evaluation
+
+
+def evaluate_and_plot(model, tokenizer, evaluation, training_args, name):
+    result = evaluate_calibration(model, tokenizer, evaluation, training_args)
+    reliability_diagram(result.report, Path(training_args.output_dir) / f"reliability_{name}.png",
+                        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}")
+    return result
+
+
+def main(script_args, training_args, model_args):
+    output_dir = Path(training_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    train, evaluation = datasets_for(script_args, training_args)
+    dtype = model_args.dtype
+
+    if script_args.eval_only:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
+        result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval")
+        write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
+        print(f"accuracy {result.accuracy:.3f}  ECE {result.report.ece:.3f}  Brier {result.report.brier:.3f}  "
+              f"AUROC {result.report.auroc}  -> {output_dir}")
+        return
+
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": dtype,
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
+    trainer = RLCRMultiTurnTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    # Greedy evaluation runs on the main process; under ZeRO-3 the other ranks hold shards it would need.
+    zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
+    can_evaluate = evaluation is not None and not zero3
+    report = {"model": model_path}
+    if can_evaluate and trainer.accelerator.is_main_process:
+        report["before"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "before")
+    trainer.accelerator.wait_for_everyone()
+
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+
+    if trainer.accelerator.is_main_process:
+        if can_evaluate:
+            report["after"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "after")
+            plot_reliability_diagrams({k: report[k].report for k in ("before", "after")},
+                                      output_dir / "reliability_before_after.png", title="RLCR: before vs after")
+        plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
+                             title="RLCR training (per logging step)")
+        write_json(output_dir / "metrics.json", {
+            **{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in report.items()},
+            "train_log": trainer.state.log_history,
+        })
+        for name in ("before", "after"):
+            if name in report:
+                r = report[name]
+                print(f"{name:>6}: accuracy {r.accuracy:.3f}  ECE {r.report.ece:.3f}  Brier {r.report.brier:.3f}  "
+                      f"AUROC {r.report.auroc}  confidence parse failures {r.confidence_parse_fail_rate:.0%}")
+        print(f"report and plots in {output_dir}")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+
+def make_parser():
+    return TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    parser = make_parser()
+    script_args, training_args, model_args = parser.parse_args_and_config(
+        args=with_default_config(sys.argv[1:], DEFAULT_CONFIG)
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(script_args, training_args, model_args)

@@ -1,0 +1,483 @@
+"""Tests for `trl_ext.rewards`: hand-computed values, thread safety, adversarial inputs and fuzzing."""
+
+import math
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trl_ext.rewards import (
+    accuracy_reward,
+    brier_reward,
+    completion_text,
+    extract_tag,
+    format_reward,
+    make_accuracy_reward,
+    make_brier_reward,
+    make_confidence_format_reward,
+    make_format_reward,
+    normalize_answer,
+    parse_confidence,
+    verify_answer,
+)
+
+
+confidence_format_reward = make_confidence_format_reward()
+
+
+def _call(func, completions, **columns):
+    """Call a reward function the way TRL does (prompts, completions, completion_ids, **columns)."""
+    return func(prompts=["prompt"] * len(completions), completions=completions, completion_ids=None, **columns)
+
+
+def _in_thread(func, *args):
+    """Run `func(*args)` on a worker thread; return its result, re-raising anything it raised."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = func(*args)
+        except BaseException as error:  # noqa: BLE001 - handed back to the test
+            box["error"] = error
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "worker thread did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# parse_confidence
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0.85", 0.85),
+        (".85", 0.85),
+        ("1", 1.0),
+        ("0", 0.0),
+        ("1.0", 1.0),
+        ("0.", 0.0),
+        ("85%", 0.85),
+        ("85.5 %", 0.855),
+        ("100%", 1.0),
+        ("0%", 0.0),
+        ("  0.3 \n", 0.3),
+        ("1.5", None),
+        ("150%", None),
+        ("100.1%", None),
+        ("-0.1", None),
+        ("-0", None),
+        ("+0.5", None),
+        ("nan", None),
+        ("NaN", None),
+        ("inf", None),
+        ("-inf", None),
+        ("Infinity", None),
+        ("1e400", None),
+        ("1e-1", None),
+        ("abc", None),
+        ("0.8 or 0.9", None),
+        ("high", None),
+        ("", None),
+        ("   ", None),
+        ("%", None),
+        (".", None),
+        ("0.5.5", None),
+        ("85%%", None),
+        ("٠.٥", None),  # non-ASCII digits, which float() would accept
+        ("0." + "0" * 1000 + "1", None),  # absurdly long
+        (None, None),
+        (0.5, None),
+    ],
+)
+def test_parse_confidence(text, expected):
+    result = parse_confidence(text)
+    if expected is None:
+        assert result is None
+    else:
+        assert isinstance(result, float)
+        assert result == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# extract_tag / completion_text / normalize_answer
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<answer>42</answer>", "42"),
+        ("<answer> 42 \n</answer>", "42"),
+        ("<answer>1</answer> then <answer>2</answer>", "2"),
+        ("<answer>\nmulti\nline\n</answer>", "multi\nline"),
+        ("<answer></answer>", ""),
+        ("<answer>1</answer><answer>2", "1"),  # trailing unclosed tag is not a pair
+        ("<answer>x <answer>5</answer>", "5"),  # stray opening tag before a complete pair
+        ("<answer>x<answer>5</answer></answer>", "5"),  # nested: the innermost pair
+        ("<answer>42", None),
+        ("42</answer>", None),
+        ("</answer>42<answer>", None),
+        ("<Answer>42</Answer>", None),
+        ("no tags at all", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_extract_tag(text, expected):
+    assert extract_tag(text, "answer") == expected
+
+
+def test_extract_tag_is_linear_on_many_unclosed_tags():
+    text = "<answer>" * 20_000 + "</answer>"
+    start = time.perf_counter()
+    assert extract_tag(text, "answer") == ""
+    assert extract_tag("<answer>1" * 20_000, "answer") is None
+    assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("plain", "plain"),
+        ([{"role": "assistant", "content": "hi"}], "hi"),
+        ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "last"}], "last"),
+        ([{"role": "assistant", "content": None}], ""),
+        ([{"role": "assistant"}], ""),
+        ([{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], "ab"),
+        ({"role": "assistant", "content": "single message"}, "single message"),
+        ([], ""),
+        (None, ""),
+        (42, ""),
+        ([None], ""),
+    ],
+)
+def test_completion_text(completion, expected):
+    assert completion_text(completion) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("  Paris  ", "paris"),
+        ("$5$", "5"),
+        ("$$5$$", "5"),
+        ("\\boxed{5}", "5"),
+        ("$\\boxed{x + 1}$", "x + 1"),
+        ("\\boxed{1}+\\boxed{2}", "\\boxed{1}+\\boxed{2}"),
+        ("42.", "42"),
+        ("1,000", "1000"),
+        ("1,234,567.50", "1234567.5"),
+        ("1,2", "1,2"),
+        ("3.0", "3"),
+        ("0.50", "0.5"),
+        ("-0.0", "0"),
+        ("+7", "7"),
+        ("100", "100"),
+        ("New   York\n City", "new york city"),
+        ("1e400", "1e400"),
+        ("9" * 5000, "9" * 5000),
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_normalize_answer(text, expected):
+    assert normalize_answer(text) == expected
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# verify_answer
+
+VERIFY_CASES = [
+    ("42", "42", True),
+    ("42", "43", False),
+    ("0.5", "1/2", True),
+    ("\\frac{1}{2}", "0.5", True),
+    ("0.5", "\\frac{1}{2}", True),
+    ("2\\sqrt{3}", "\\sqrt{12}", True),
+    ("x^2+1", "1+x^2", True),
+    ("1000", "1,000", True),
+    ("3", "3.0", True),
+    ("5", "\\boxed{5}", True),
+    ("81", "9**2", True),
+    ("9", "9**2", False),
+    ("2", "2^{100000}", False),
+    ("42", "42 or 43", False),
+    ("(1, 2)", "(1,2)", True),
+    ("2^{2023}", "2^{2023}", True),
+    ("\\binom{5}{2}", "10", True),
+    ("5!", "120", True),
+    ("The answer is \\boxed{7}", "7", True),
+    ("Paris", "paris", True),
+    ("Paris", "London", False),
+    ("42", "", False),
+    ("", "", False),
+    (42, "42", True),
+]
+
+
+@pytest.mark.parametrize(("gold", "prediction", "expected"), VERIFY_CASES)
+def test_verify_answer(gold, prediction, expected):
+    assert verify_answer(gold, prediction) is expected
+
+
+def test_verify_answer_off_main_thread():
+    # math_verify's timeouts use signal.alarm, which raises off the main thread unless disabled.
+    results = _in_thread(lambda: [verify_answer(gold, pred) for gold, pred, _ in VERIFY_CASES])
+    assert results == [expected for _, _, expected in VERIFY_CASES]
+
+
+ADVERSARIAL = [
+    "9**9**9**9",
+    "10^10^10^10",
+    "10^{10^{10^{10}}}",
+    "2^{2^{2^{2^{2}}}}",
+    "10^{-10^{10}}",
+    "\\sqrt{2}^{10^{9}}",
+    "x^{10^{10}}",
+    "e^{10^{10}}",
+    "(10^{10})!",
+    "1000000000!",
+    "\\binom{1000000000}{500000000}",
+    "\\Gamma(1000000000)",
+    "\\gcd(10^{10^{10}}, 5)",
+    "\\operatorname{zeros}(100000, 100000)",
+    "\\begin{pmatrix}1&1\\\\1&0\\end{pmatrix}^{1000000000}",
+    "\\sum_{i=1}^{10^9} i",
+    "(x+y+z+w)^{60}",
+    "\\tan(\\tan(\\tan(\\tan(\\tan(\\tan(1))))))",
+    "1E999999999",
+    "(" * 500 + "1" + ")" * 500,
+    "{" * 1000 + "}" * 1000,
+    "1+" * 999 + "1",
+    "\\frac{" * 300,
+    "|1|" * 12,
+    "\\left|1\\right|" * 20,
+    "(1," * 160,
+    "x^{2}" * 100,
+    "9" * 100_000,
+    "<answer>" * 10_000,
+]
+
+
+@pytest.mark.parametrize("on_main_thread", [True, False], ids=["main-thread", "worker-thread"])
+def test_adversarial_answers_finish_fast(on_main_thread):
+    def check_all():
+        durations = {}
+        for text in ADVERSARIAL:
+            start = time.perf_counter()
+            assert verify_answer("42", text) is False
+            assert verify_answer(text, "42") is False
+            rewards = _call(accuracy_reward, [f"<think>x</think><answer>{text}</answer>"], solution=["42"])
+            assert rewards == [0.0]
+            durations[text[:40]] = time.perf_counter() - start
+        return durations
+
+    durations = check_all() if on_main_thread else _in_thread(check_all)
+    slow = {text: round(seconds, 2) for text, seconds in durations.items() if seconds > 3.0}
+    assert not slow
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# accuracy
+
+
+def test_reward_function_names():
+    assert accuracy_reward.__name__ == "accuracy"
+    assert brier_reward.__name__ == "brier"
+    assert format_reward.__name__ == "format"
+    assert confidence_format_reward.__name__ == "confidence_format"
+    assert make_accuracy_reward(answer_tag="final").__name__ == "accuracy"
+
+
+def test_accuracy_reward_values():
+    completions = [
+        "<think>x</think><answer>42</answer>",
+        "<think>x</think><answer>42</answer>",
+        "<think>x</think><answer>0.5</answer>",
+        "<think>x</think> the answer is 42",
+        "<think>x</think><answer>  </answer>",
+        "<answer>41</answer> wait, no: <answer>42</answer>",
+        "",
+    ]
+    golds = ["42", "43", "\\frac{1}{2}", "42", "42", "42", "42"]
+    assert _call(accuracy_reward, completions, solution=golds) == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_accuracy_reward_conversational_and_non_string_gold():
+    completions = [
+        [{"role": "assistant", "content": "<think>x</think><answer>42</answer>"}],
+        [{"role": "assistant", "content": None}],
+        [{"role": "user", "content": "<answer>42</answer>"}, {"role": "assistant", "content": "no tag"}],
+    ]
+    assert _call(accuracy_reward, completions, solution=[42, 42, 42]) == [1.0, 0.0, 0.0]
+    assert _call(accuracy_reward, ["<answer>42</answer>"], solution=[None]) == [0.0]
+
+
+def test_accuracy_reward_custom_tag_column_and_func():
+    reward = make_accuracy_reward(answer_tag="final", solution_column="gold", accuracy_func=lambda g, p: g == p[::-1])
+    assert _call(reward, ["<final>cba</final>", "<answer>cba</answer>"], gold=["abc", "abc"]) == [1.0, 0.0]
+
+    def broken(gold, prediction):
+        raise RuntimeError("boom")
+
+    assert _call(make_accuracy_reward(accuracy_func=broken), ["<answer>1</answer>"], solution=["1"]) == [0.0]
+
+
+def test_accuracy_reward_missing_column_raises():
+    with pytest.raises(ValueError, match="solution"):
+        _call(accuracy_reward, ["<answer>42</answer>"], answer=["42"])
+    with pytest.raises(ValueError, match="my_gold"):
+        _call(make_accuracy_reward(solution_column="my_gold"), ["<answer>42</answer>"], solution=["42"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# brier
+
+
+def test_brier_reward_values():
+    completions = [
+        "<confidence>0.8</confidence>",
+        "<confidence>0.8</confidence>",
+        "<confidence>80%</confidence>",
+        "<confidence>1</confidence>",
+        "<confidence>0</confidence>",
+        "<confidence>very sure</confidence>",
+        "<confidence>1.5</confidence>",
+        "no confidence",
+        [{"role": "assistant", "content": "<analysis>ok</analysis><confidence>0.5</confidence>"}],
+    ]
+    labels = [1, 0, True, 1, 1, 1, 0, 1, 0.0]
+    expected = [0.96, 0.36, 0.96, 1.0, 0.0, 0.0, 0.0, 0.0, 0.75]
+    assert _call(brier_reward, completions, answer_correct=labels) == pytest.approx(expected)
+
+
+def test_brier_reward_uses_last_confidence_and_custom_names():
+    reward = make_brier_reward(confidence_tag="conf", label_column="ok")
+    assert _call(reward, ["<conf>0.1</conf> <conf>0.9</conf>"], ok=[False]) == pytest.approx([1 - 0.81])
+
+
+def test_brier_reward_configuration_errors():
+    with pytest.raises(ValueError, match="answer_correct"):
+        _call(brier_reward, ["<confidence>0.5</confidence>"], solution=["1"])
+    with pytest.raises(ValueError, match="answer_correct"):
+        _call(brier_reward, ["<confidence>0.5</confidence>"], answer_correct=[None])
+    with pytest.raises(ValueError, match="answer_correct"):
+        _call(brier_reward, ["<confidence>0.5</confidence>"], answer_correct=[2])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# format / confidence_format
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>reasoning</think><answer>42</answer>", 1.0),
+        ("  <think>a\nb</think>\n\n<answer> 42 </answer>\n", 1.0),
+        ("<think></think><answer>42</answer>", 1.0),
+        ("<think>x</think><answer></answer>", 0.0),
+        ("<think>x</think><answer> </answer>", 0.0),
+        ("<answer>42</answer><think>x</think>", 0.0),
+        ("<think>x</think>text<answer>42</answer>", 0.0),
+        ("<think>x</think><answer>42</answer> trailing", 0.0),
+        ("leading <think>x</think><answer>42</answer>", 0.0),
+        ("<think>x</think><answer>4</answer><answer>2</answer>", 0.0),
+        ("<think>x<think>y</think><answer>42</answer>", 0.0),
+        ("<think>x</think><answer>42", 0.0),
+        ("<answer>42</answer>", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_format_reward(text, expected):
+    assert _call(format_reward, [text]) == [expected]
+    assert _call(format_reward, [[{"role": "assistant", "content": text}]]) == [expected]
+
+
+def test_format_reward_custom_tags():
+    reward = make_format_reward(think_tag="reasoning", answer_tag="final")
+    assert _call(reward, ["<reasoning>r</reasoning><final>1</final>", "<think>r</think><answer>1</answer>"]) == [
+        1.0,
+        0.0,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<confidence>0.7</confidence>", 1.0),
+        ("<analysis>sure</analysis>\n<confidence>70%</confidence>", 1.0),
+        ("<think>t</think><answer>1</answer><analysis>a</analysis><confidence>0.7</confidence>", 1.0),
+        ("<confidence>high</confidence>", 0.0),
+        ("<confidence>1.5</confidence>", 0.0),
+        ("<confidence></confidence>", 0.0),
+        ("<analysis>a</analysis><confidence>0.7</confidence> trailing", 0.0),
+        ("<confidence>0.7</confidence><analysis>a</analysis>", 0.0),
+        ("<analysis>a</analysis> gap <confidence>0.7</confidence>", 0.0),
+        ("<analysis>a</analysis><analysis>b</analysis><confidence>0.7</confidence>", 0.0),
+        ("<confidence>0.1</confidence><confidence>0.7</confidence>", 0.0),
+        ("<analysis>a<confidence>0.7</confidence>", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_confidence_format_reward(text, expected):
+    assert _call(confidence_format_reward, [text]) == [expected]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fuzzing: nothing a model writes makes a reward raise or leave [0, 1]
+
+FRAGMENTS = [
+    "<answer>", "</answer>", "<think>", "</think>", "<confidence>", "</confidence>", "<analysis>", "</analysis>",
+    "%", ".", "0", "1", "5", "9", "85", "nan", "inf", "-", "e", "^", "**", "{", "}", "\\frac", "\\boxed{", "$", " ",
+    "\n", "\ufffd", "\x00", "1e400", "9" * 50,
+]  # fmt: skip
+tagged_text = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=6), max_size=30).map("".join)
+any_text = st.text() | tagged_text
+completion = any_text | any_text.map(lambda text: [{"role": "assistant", "content": text}])
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _check_rewards(values, size):
+    assert isinstance(values, list) and len(values) == size
+    for value in values:
+        assert isinstance(value, float) and 0.0 <= value <= 1.0 and not math.isnan(value)
+
+
+@FUZZ
+@given(st.one_of(any_text, st.none(), st.integers(), st.floats()))
+def test_parse_confidence_fuzz(text):
+    value = parse_confidence(text)
+    assert value is None or (isinstance(value, float) and 0.0 <= value <= 1.0)
+
+
+@FUZZ
+@given(any_text)
+def test_text_helpers_fuzz(text):
+    assert isinstance(normalize_answer(text), str)
+    assert isinstance(completion_text(text), str)
+    for tag in ("answer", "confidence"):
+        content = extract_tag(text, tag)
+        assert content is None or (isinstance(content, str) and content in text)
+
+
+@FUZZ
+@given(st.lists(completion, min_size=1, max_size=3), st.data())
+def test_cheap_rewards_fuzz(completions, data):
+    labels = data.draw(st.lists(st.sampled_from([0, 1, True, False, 0.0, 1.0]), min_size=len(completions),
+                                max_size=len(completions)))  # fmt: skip
+    for func in (brier_reward, format_reward, confidence_format_reward):
+        _check_rewards(_call(func, completions, answer_correct=labels), len(completions))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(completion, st.sampled_from(["42", "\\frac{1}{2}", "x^2+1", "(1, 2)", "Paris"]) | any_text)
+def test_accuracy_reward_fuzz(completion_value, gold):
+    _check_rewards(_call(accuracy_reward, [completion_value], solution=[gold]), 1)
+    assert isinstance(verify_answer(gold, completion_text(completion_value)), bool)

@@ -1,0 +1,188 @@
+"""RLCRMultiTurnTrainer with scripted generation: the exact two-turn batch, by hand.
+
+Two prompts, G_a = 2 answers each, G_c = 2 confidences per answer: 4 answer rows, then 8 confidence rows.
+"""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm
+from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+
+
+QUESTIONS = [("What is 2+3?", "5"), ("What is 7*6?", "42")]
+ANSWERS = {  # question -> the completion of answer k
+    "2+3": ["<think>add</think><answer>5</answer>", "<think>guess</think><answer>6</answer>"],  # right, wrong
+    "7*6": ["<answer>42</answer>", "I don't know"],  # right (no <think>), format failure
+}
+CONFIDENCES = {  # answer text -> the completion of confidence sample h
+    "<answer>5</answer>": ["<analysis>sure</analysis><confidence>0.9</confidence>", "<confidence>0.6</confidence>"],
+    "<answer>6</answer>": ["<confidence>0.8</confidence>", "<confidence>abc</confidence>"],
+    "<answer>42</answer>": ["<confidence>1.5</confidence>", "<confidence>85%</confidence>"],
+    "I don't know": ["<confidence>0.1</confidence>", "no tags at all"],
+}
+CONFIDENCE_PROMPT = "How confident are you? Reply <confidence>p</confidence>."
+
+
+def script(prompt_text, k):
+    if CONFIDENCE_PROMPT in prompt_text:
+        for answer, replies in CONFIDENCES.items():
+            if answer in prompt_text:
+                return replies[k]
+        raise AssertionError(prompt_text)
+    key = "2+3" if "2+3" in prompt_text else "7*6"
+    return ANSWERS[key][k]
+
+
+def make_trainer(tmp_path, **overrides):
+    model, tokenizer = tiny_causal_lm()
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
+    args = cpu_test_args(
+        tmp_path, RLCRMultiTurnConfig, max_steps=1, per_device_train_batch_size=4, num_generations=2,
+        num_generations_confidence=2, confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False,
+        max_completion_length=32, max_confidence_length=16, **overrides,
+    )
+    return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def run_one_step(trainer):
+    lengths = []
+
+    def recording_script(prompt_text, k):
+        lengths.append(trainer.generation_config.max_new_tokens)
+        return script(prompt_text, k)
+
+    with ScriptedGeneration(trainer, recording_script) as gen, BatchRecorder(trainer) as rec:
+        trainer.train()
+    return gen, rec.batches[0], lengths
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory):
+    trainer = make_trainer(tmp_path_factory.mktemp("rlcr"))
+    gen, batch, lengths = run_one_step(trainer)
+    return trainer, gen, batch, lengths
+
+
+def test_two_generation_calls_with_their_own_group_sizes_and_lengths(step):
+    trainer, gen, batch, lengths = step
+    assert len(gen.calls) == 2
+    assert gen.calls[0].num_generations == 2 and len(gen.calls[0].prompt_ids) == 4  # B * G_a answers
+    assert gen.calls[1].num_generations == 2 and len(gen.calls[1].prompt_ids) == 8  # B * G_a * G_c confidences
+    assert lengths == [32] * 4 + [16] * 8  # max_completion_length, then max_confidence_length
+    assert trainer.generation_config.max_new_tokens == 32  # restored
+
+
+def test_rows_and_order(step):
+    trainer, gen, batch, _ = step
+    tok = trainer.processing_class
+    assert batch["sample_type"].tolist() == [0] * 4 + [1] * 8
+    assert batch["completion_ids"].shape[0] == 12 and batch["prompt_ids"].shape[0] == 12
+    answers = [tok.decode(ids, skip_special_tokens=True) for ids in gen.calls[0].completion_ids]
+    assert answers == ANSWERS["2+3"] + ANSWERS["7*6"]
+    confidences = [tok.decode(ids, skip_special_tokens=True) for ids in gen.calls[1].completion_ids]
+    expected = [reply for answer in answers for reply in CONFIDENCES[answer.split("</think>")[-1]]]
+    assert confidences == expected  # grouped by parent answer, in answer order
+    for row, ids in enumerate(gen.calls[0].completion_ids + gen.calls[1].completion_ids):
+        n = int(batch["completion_mask"][row].sum())
+        assert batch["completion_ids"][row, :n].tolist() == ids
+
+
+def test_turn_two_prompts_are_prefix_consistent(step):
+    trainer, gen, batch, _ = step
+    tok = trainer.processing_class
+    first, second = gen.calls
+    for i, turn2 in enumerate(second.prompt_ids):
+        prompt, answer = first.prompt_ids[i // 2], first.completion_ids[i // 2]
+        assert turn2[: len(prompt) + len(answer)] == prompt + answer  # exactly the sampled context
+        assert tok.decode(turn2[len(prompt) + len(answer):]) == (
+            f"\n<|im_start|>user\n{CONFIDENCE_PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+        )
+        # and the batch trains on that same prompt (left-padded)
+        n = int(batch["prompt_mask"][4 + i].sum())
+        assert batch["prompt_ids"][4 + i, -n:].tolist() == turn2
+
+
+def test_advantages_by_hand(step):
+    _, _, batch, _ = step
+    std = 0.5 ** 0.5  # unbiased std of [1, 0]
+    answer = [0.5 / (std + 1e-4), -0.5 / (std + 1e-4)] * 2  # accuracy [1, 0] for both prompts
+    # Brier 1 - (acc - c)^2, 0 when unparsable; confidence advantages subtract the sibling mean (no std scaling):
+    #   answer 5  (acc 1): c .9 -> .99,  c .6 -> .84      mean .915   -> +.075, -.075
+    #   answer 6  (acc 0): c .8 -> .36,  'abc' -> 0       mean .18    -> +.18,  -.18
+    #   answer 42 (acc 1): 1.5 -> 0,     85% -> .9775     mean .48875 -> -.48875, +.48875
+    #   format failure (acc 0): c .1 -> .99, no tag -> 0  mean .495   -> +.495, -.495
+    confidence = [0.075, -0.075, 0.18, -0.18, -0.48875, 0.48875, 0.495, -0.495]
+    torch.testing.assert_close(batch["advantages"], torch.tensor(answer + confidence), rtol=0, atol=1e-5)
+
+
+def test_span_masks(step):
+    trainer, gen, batch, _ = step
+    tok = trainer.processing_class
+    mask = batch["tool_mask"] * batch["completion_mask"]
+
+    def trained_text(row, ids):
+        return tok.decode([t for t, m in zip(ids, mask[row].tolist()) if m])
+
+    ids = gen.calls[0].completion_ids + gen.calls[1].completion_ids
+    assert trained_text(0, ids[0]) == "<think>add</think><answer>5</answer><|im_end|>"
+    assert trained_text(2, ids[2]) == "<answer>42</answer><|im_end|>"  # no <think>: from the start
+    assert trained_text(3, ids[3]) == "I don't know<|im_end|>"  # format failure: whole completion
+    assert trained_text(4, ids[4]) == "<analysis>sure</analysis><confidence>0.9</confidence><|im_end|>"
+    assert trained_text(11, ids[11]) == "no tags at all<|im_end|>"
+    assert batch["num_items_in_batch"].item() == mask.sum().item()
+
+
+def test_no_nan_anywhere(step):
+    _, _, batch, _ = step
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            assert torch.isfinite(value).all(), key
+
+
+def test_metrics(step):
+    trainer, _, _, _ = step
+    log = trainer.state.log_history[0]
+    assert log["answer/accuracy"] == 0.5
+    assert log["answer/format_fail_rate"] == 0.25
+    assert log["confidence/parse_fail_rate"] == pytest.approx(3 / 8)  # 'abc', 1.5, no tag
+    assert log["confidence/mean"] == pytest.approx((0.9 + 0.6 + 0.8 + 0.85 + 0.1) / 5)
+    # parsed (confidence, correct): (.9,1) (.6,1) (.8,0) (.85,1) (.1,0)
+    # ECE bins (k/10, (k+1)/10]: {.9,.85}: |1 - .875| * 2/5; {.6}: .4/5; {.8}: .8/5; {.1}: .1/5  -> 0.31
+    assert log["calibration/ece"] == pytest.approx(0.31)
+    assert log["calibration/brier"] == pytest.approx((0.01 + 0.16 + 0.64 + 0.0225 + 0.01) / 5)
+    assert log["calibration/auroc"] == pytest.approx(5 / 6)
+    assert log["confidence/brier_reward_mean"] == pytest.approx((0.99 + 0.84 + 0.36 + 0 + 0 + 0.9775 + 0.99 + 0) / 8)
+    assert log["frac_reward_zero_std"] == 0.0 and log["confidence/frac_reward_zero_std"] == 0.0
+    assert log["completions/mean_length"] > 0 and log["confidence/completions/mean_length"] > 0
+    assert math.isfinite(log["loss"])
+
+
+def test_lambdas_and_prompt_level_normalisation(tmp_path):
+    trainer = make_trainer(tmp_path, lambda_ans=2.0, lambda_conf=0.5, confidence_normalization="answer_then_prompt")
+    _, batch, _ = run_one_step(trainer)
+    std = 0.5 ** 0.5
+    torch.testing.assert_close(batch["advantages"][:4], torch.tensor([1, -1, 1, -1]) * 2 * 0.5 / (std + 1e-4))
+    first = torch.tensor([0.075, -0.075, 0.18, -0.18, -0.48875, 0.48875, 0.495, -0.495])
+    expected = torch.cat([g / (g.std() + 1e-4) for g in first.view(2, 4)]) * 0.5  # per prompt; mean is already 0
+    torch.testing.assert_close(batch["advantages"][4:], expected, rtol=0, atol=1e-5)
+
+
+def test_truncated_answer_gets_end_of_turn_in_turn_two(tmp_path):
+    trainer = make_trainer(tmp_path)
+    tok = trainer.processing_class
+    cut = tok.encode("<think>long", add_special_tokens=False)  # no EOS: the model hit max_completion_length
+
+    def truncating(prompt_text, k):
+        if CONFIDENCE_PROMPT in prompt_text:
+            return "<confidence>0.5</confidence>"
+        return cut
+
+    with ScriptedGeneration(trainer, truncating) as gen:
+        trainer.train()
+    turn2 = gen.calls[1].prompt_ids[0]
+    prompt = gen.calls[0].prompt_ids[0]
+    assert turn2[len(prompt): len(prompt) + len(cut) + 1] == cut + [tok.eos_token_id]

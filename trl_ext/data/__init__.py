@@ -1,0 +1,4 @@
+from .arithmetic import graded_arithmetic
+
+
+__all__ = ["graded_arithmetic"]

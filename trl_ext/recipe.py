@@ -1,0 +1,182 @@
+"""What the recipes in `recipes/` share: dataset loading, the embedded default, plots and reports.
+
+A recipe runs in TRL's idiom, `TrlParser((ScriptArguments, <Config>, ModelConfig))` with `--config <yaml>`; with no
+model and no config it runs the embedded default on CPU from a YAML shipped next to the recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+from trl import ScriptArguments
+
+from .default_model import default_model_path
+
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class RecipeScriptArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (`--dataset_name`, `--dataset_config`, splits) plus local files and column mapping.
+
+    Parameters:
+        dataset_path (`str`, *optional*):
+            A local dataset file (`.json`, `.jsonl`, `.parquet`, `.csv`), instead of `--dataset_name`.
+        question_column (`str`, *optional*, defaults to `"question"`):
+            Column holding the question text, turned into a conversational `prompt`. Ignored when the dataset
+            already has a conversational `prompt` column.
+        answer_column (`str`, *optional*, defaults to `"answer"`):
+            Column holding the gold answer, copied to `solution` (TRL's convention) when that column is absent.
+        answer_delimiter (`str`, *optional*):
+            Keep only the text after the last occurrence of this delimiter in the answer column (GSM8K: `"####"`).
+        system_prompt (`str`, *optional*):
+            System message put before each question (defaults to the recipe's answer-format instructions).
+        num_train_samples (`int`, *optional*):
+            Use at most this many training rows (all when unset; the built-in dataset needs a number).
+        num_eval_samples (`int`, *optional*, defaults to `64`):
+            Rows for the calibration evaluation before and after training (the test split, or held out).
+    """
+
+    dataset_path: str | None = field(default=None, metadata={"help": "Local .json/.jsonl/.parquet/.csv dataset."})
+    question_column: str = field(default="question", metadata={"help": "Column with the question text."})
+    answer_column: str = field(default="answer", metadata={"help": "Column with the gold answer."})
+    answer_delimiter: str | None = field(
+        default=None, metadata={"help": "Keep the answer text after the last occurrence of this (GSM8K: '####')."}
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
+    num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
+    num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after evaluation."})
+
+
+def with_default_config(argv: Sequence[str], default_config: str | os.PathLike) -> list[str]:
+    """Prepend `--config default_config` when the command line names neither a model nor a config.
+
+    Explicit flags still override the YAML, e.g. `recipes/rlcr.py --max_steps 2`.
+    """
+    argv = list(argv)
+    named = {a.split("=", 1)[0] for a in argv}
+    if "--config" in named or "--model_name_or_path" in named:
+        return argv
+    return ["--config", str(default_config), *argv]
+
+
+def resolve_model(model_name_or_path: str | None) -> str:
+    """The model to train: the given Hub id or path, else the embedded default checkpoint."""
+    return model_name_or_path or default_model_path()
+
+
+def load_recipe_dataset(script_args: RecipeScriptArguments, system_prompt: str | None) -> tuple[Dataset, Dataset | None]:
+    """Load `--dataset_name` (Hub) or `--dataset_path` (local file) as `(train, eval)` with `prompt` and `solution`.
+
+    The eval split is `--dataset_test_split` when the dataset has it, else the last `num_eval_samples` training rows
+    are held out. Returns `(train, None)` if neither source is given (the recipe then uses its built-in data).
+    """
+    if script_args.dataset_name and script_args.dataset_path:
+        raise ValueError("Give either --dataset_name (Hub) or --dataset_path (local file), not both.")
+    if script_args.dataset_path:
+        suffix = Path(script_args.dataset_path).suffix.lower()
+        if suffix not in LOCAL_FORMATS:
+            raise ValueError(
+                f"--dataset_path {script_args.dataset_path!r}: unsupported extension {suffix!r}; use one of "
+                f"{sorted(LOCAL_FORMATS)}."
+            )
+        splits = {"train": load_dataset(LOCAL_FORMATS[suffix], data_files=script_args.dataset_path, split="train")}
+    elif script_args.dataset_name:
+        splits = load_dataset(script_args.dataset_name, script_args.dataset_config)
+    else:
+        return None, None
+
+    train = splits[script_args.dataset_train_split]
+    test_split = script_args.dataset_test_split
+    if test_split in splits and test_split != script_args.dataset_train_split:
+        evaluation = splits[test_split].select(range(min(script_args.num_eval_samples, len(splits[test_split]))))
+    else:
+        held_out = min(script_args.num_eval_samples, len(train) // 5)
+        evaluation = train.select(range(len(train) - held_out, len(train))) if held_out else None
+        train = train.select(range(len(train) - held_out))
+    if script_args.num_train_samples is not None:
+        train = train.select(range(min(script_args.num_train_samples, len(train))))
+    prepare = _column_mapper(script_args, system_prompt, train.column_names)
+    train = train.map(prepare)
+    evaluation = evaluation.map(prepare) if evaluation is not None else None
+    return train, evaluation
+
+
+def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str]):
+    has_prompt = "prompt" in columns
+    has_solution = "solution" in columns
+    if not has_prompt and script_args.question_column not in columns:
+        raise ValueError(
+            f"The dataset has neither a 'prompt' column nor the question column {script_args.question_column!r} "
+            f"(columns: {columns}); set --question_column."
+        )
+    if not has_solution and script_args.answer_column not in columns:
+        raise ValueError(
+            f"The dataset has neither a 'solution' column nor the answer column {script_args.answer_column!r} "
+            f"(columns: {columns}); set --answer_column."
+        )
+
+    def prepare(row):
+        out = {}
+        if not has_prompt:
+            prompt = [{"role": "user", "content": str(row[script_args.question_column])}]
+            if system_prompt:
+                prompt.insert(0, {"role": "system", "content": system_prompt})
+            out["prompt"] = prompt
+        elif isinstance(row["prompt"], str):
+            out["prompt"] = [{"role": "user", "content": row["prompt"]}]
+        if not has_solution:
+            answer = str(row[script_args.answer_column])
+            if script_args.answer_delimiter and script_args.answer_delimiter in answer:
+                answer = answer.rsplit(script_args.answer_delimiter, 1)[1].strip()
+            out["solution"] = answer
+        return out
+
+    return prepare
+
+
+def plot_learning_curves(log_history: list[dict], keys: Sequence[str], path: str | os.PathLike, title: str) -> str:
+    """One panel per metric in `keys` against the training step, from `trainer.state.log_history`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(keys), 3.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    for ax, key in zip(axes, keys):
+        points = [(log["step"], log[key]) for log in log_history if isinstance(log.get(key), (int, float))]
+        points = [(s, v) for s, v in points if math.isfinite(v)]
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3)
+        else:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    return str(path)
+
+
+def write_json(path: str | os.PathLike, payload) -> str:
+    """Write `payload` as indented JSON, NaN written as null (strict JSON readers reject NaN)."""
+
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(clean(payload), indent=2))
+    return str(path)

@@ -1,0 +1,110 @@
+"""Greedy answer + confidence evaluation of an RLCR model: accuracy, ECE, Brier, AUROC, reliability diagram.
+
+The confidence turn is built exactly as in training ([`~trl_ext.core.turns.FollowUpTurn`] on token ids), with the
+same parsers, so evaluation measures the behaviour that training shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .calibration import CalibrationReport, calibration_report
+from .core.turns import follow_up_turn
+from .rewards import extract_answer, extract_confidence
+from .rewards.verify import verify_answer
+
+
+@dataclass
+class CalibrationEvaluation:
+    """The report over answers with a parsable confidence, plus what happened on every row."""
+
+    report: CalibrationReport
+    accuracy: float
+    """Accuracy over all rows (the report's accuracy only covers rows with a parsable confidence)."""
+    confidence_parse_fail_rate: float
+    rows: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            **self.report.to_dict(),
+            "accuracy_all": self.accuracy,
+            "confidence_parse_fail_rate": self.confidence_parse_fail_rate,
+            "num_rows": len(self.rows),
+        }
+
+
+@torch.no_grad()
+def _greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    pad = tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
+        pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+    )
+    completions = []
+    for row in out[:, width:].tolist():
+        completions.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
+    return completions
+
+
+def evaluate_calibration(
+    model,
+    tokenizer,
+    dataset,
+    args,
+    batch_size: int = 16,
+    accuracy_func: Callable[[str, str], bool] = verify_answer,
+    progress: bool = True,
+) -> CalibrationEvaluation:
+    """Answer each prompt greedily, ask for a confidence in a second turn, and score calibration.
+
+    Args:
+        model, tokenizer: The model under evaluation and its tokenizer (with a chat template).
+        dataset: Rows with a conversational `prompt` and the gold answer in `args.solution_column`.
+        args: An [`RLCRMultiTurnConfig`] (tags, confidence prompt, generation lengths, chat template kwargs).
+        batch_size: Prompts per generation batch.
+        accuracy_func: `f(gold, prediction) -> bool`, as in training.
+    """
+    was_training = model.training
+    model.eval()
+    turn = follow_up_turn(tokenizer, args.confidence_prompt, [tokenizer.eos_token_id], **(args.chat_template_kwargs or {}))
+    rows = []
+    for start in tqdm(range(0, len(dataset), batch_size), desc="calibration eval", disable=not progress):
+        batch = dataset[start : start + batch_size]
+        prompts = [
+            [int(t) for t in tokenizer.apply_chat_template(
+                p, add_generation_prompt=True, tokenize=True, return_dict=False, **(args.chat_template_kwargs or {})
+            )]
+            for p in batch["prompt"]
+        ]
+        answers = _greedy(model, tokenizer, prompts, args.max_completion_length)
+        turn2 = [turn.prompt_ids(p, a, [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
+        confidences = _greedy(model, tokenizer, turn2, args.max_confidence_length)
+        for gold, answer_ids, confidence_ids in zip(batch[args.solution_column], answers, confidences):
+            answer_text = tokenizer.decode(answer_ids, skip_special_tokens=True)
+            confidence_text = tokenizer.decode(confidence_ids, skip_special_tokens=True)
+            prediction = extract_answer(answer_text, args.answer_tag, args.lenient_parsing)
+            correct = bool(prediction) and accuracy_func(str(gold), prediction)
+            rows.append({
+                "gold": str(gold),
+                "answer": answer_text,
+                "confidence_text": confidence_text,
+                "confidence": extract_confidence(confidence_text, args.confidence_tag, args.lenient_parsing),
+                "correct": int(correct),
+            })
+    model.train(was_training)
+    parsed = [r for r in rows if r["confidence"] is not None]
+    report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])
+    n = max(len(rows), 1)
+    return CalibrationEvaluation(
+        report=report,
+        accuracy=sum(r["correct"] for r in rows) / n,
+        confidence_parse_fail_rate=1 - len(parsed) / n,
+        rows=rows,
+    )

@@ -1,0 +1,149 @@
+"""Configuration of [`RLCRMultiTurnTrainer`]."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+
+DEFAULT_CONFIDENCE_PROMPT = (
+    "Rate your confidence that the answer above is correct, as a number between 0 and 1. "
+    "Reply as <analysis>your reasoning about the answer</analysis><confidence>number</confidence>."
+)
+
+
+@dataclass
+class RLCRMultiTurnConfig(GRPOConfig):
+    r"""
+    Configuration for [`RLCRMultiTurnTrainer`]: GRPO with an answer turn and a confidence turn per fixed answer.
+
+    Every [`~trl.GRPOConfig`] field applies. `num_generations` is the number of answers per prompt (`G_a`); each
+    answer gets `num_generations_confidence` (`G_c`) confidence samples, so a generation batch of `B * G_a` answer rows
+    trains on `B * G_a * (1 + G_c)` rows, and each optimisation micro-batch holds `(1 + G_c)` times
+    `per_device_train_batch_size` rows.
+
+    Parameters:
+        num_generations_answer (`int`, *optional*):
+            Number of answers per prompt, `G_a`. An alias of `num_generations`; when set, it overrides it.
+        num_generations_confidence (`int`, *optional*, defaults to `4`):
+            Number of confidence samples per answer, `G_c`, generated in one call for all answers. At least 2: the
+            confidence advantage is normalised among the siblings of one answer.
+        lambda_ans (`float`, *optional*, defaults to `1.0`):
+            Weight of the answer-row advantages.
+        lambda_conf (`float`, *optional*, defaults to `1.0`):
+            Weight of the confidence-row advantages.
+        max_confidence_length (`int`, *optional*, defaults to `256`):
+            Maximum number of tokens generated in the confidence turn (the answer turn uses `max_completion_length`).
+        confidence_prompt (`str`, *optional*):
+            The user message that asks for a confidence after each answer.
+        confidence_normalization (`str`, *optional*, defaults to `"answer"`):
+            `"answer"`: confidence advantages are normalised among the `G_c` siblings of the same answer only.
+            `"answer_then_prompt"`: those within-answer advantages are then standardised over the `G_a * G_c`
+            confidence rows of the prompt.
+        confidence_scale_rewards (`str`, *optional*, defaults to `"none"`):
+            Scaling of the within-answer confidence advantages, with `scale_rewards` semantics: `"none"` subtracts the
+            sibling mean only (the default: dividing Brier rewards by their std pushes confidence to the extremes),
+            `"group"` also divides by the siblings' std, `"batch"` by the batch std.
+        solution_column (`str`, *optional*, defaults to `"solution"`):
+            Dataset column holding the gold answer, TRL's convention.
+        think_tag (`str`, *optional*, defaults to `"think"`):
+            Tag of the reasoning part of an answer. The answer-row loss span starts at `<think>`.
+        answer_tag (`str`, *optional*, defaults to `"answer"`):
+            Tag of the final answer. The answer-row loss span ends at `</answer>`; accuracy reads its content.
+        analysis_tag (`str`, *optional*, defaults to `"analysis"`):
+            Tag of the reasoning part of a confidence reply. The confidence-row span starts at `<analysis>` if
+            present, else at `<confidence>`.
+        confidence_tag (`str`, *optional*, defaults to `"confidence"`):
+            Tag of the stated confidence. The confidence-row span ends at `</confidence>`.
+        train_on_eos (`bool`, *optional*, defaults to `True`):
+            Keep the end-of-turn token after a span in the loss, so the model still learns to stop.
+        lenient_parsing (`bool`, *optional*, defaults to `False`):
+            When a reply lacks its tag, read the answer as the last number of the completion and the confidence as
+            the first valid number or percentage of the reply, instead of scoring 0. For models too small to follow
+            the tag format (the embedded 135M default); `answer/format_fail_rate` still counts missing tags.
+    """
+
+    num_generations_answer: int | None = field(
+        default=None,
+        metadata={"help": "Number of answers per prompt (G_a). Alias of `num_generations`; overrides it when set."},
+    )
+    num_generations_confidence: int = field(
+        default=4,
+        metadata={"help": "Number of confidence samples per answer (G_c), at least 2."},
+    )
+    lambda_ans: float = field(default=1.0, metadata={"help": "Weight of the answer-row advantages."})
+    lambda_conf: float = field(default=1.0, metadata={"help": "Weight of the confidence-row advantages."})
+    max_confidence_length: int = field(
+        default=256, metadata={"help": "Maximum number of tokens generated in the confidence turn."}
+    )
+    confidence_prompt: str = field(
+        default=DEFAULT_CONFIDENCE_PROMPT,
+        metadata={"help": "The user message asking for a confidence after each answer."},
+    )
+    confidence_normalization: str = field(
+        default="answer",
+        metadata={
+            "help": "'answer': normalise confidence advantages among the siblings of one answer; "
+            "'answer_then_prompt': then standardise them over the prompt's G_a*G_c confidence rows.",
+            "choices": ["answer", "answer_then_prompt"],
+        },
+    )
+    confidence_scale_rewards: str = field(
+        default="none",
+        metadata={
+            "help": "Scaling of the within-answer confidence advantages: 'none' (mean only), 'group', 'batch'.",
+            "choices": ["none", "group", "batch"],
+        },
+    )
+    solution_column: str = field(default="solution", metadata={"help": "Dataset column holding the gold answer."})
+    think_tag: str = field(default="think", metadata={"help": "Tag of the reasoning part of an answer."})
+    answer_tag: str = field(default="answer", metadata={"help": "Tag of the final answer."})
+    analysis_tag: str = field(default="analysis", metadata={"help": "Tag of the reasoning part of a confidence reply."})
+    confidence_tag: str = field(default="confidence", metadata={"help": "Tag of the stated confidence."})
+    train_on_eos: bool = field(
+        default=True, metadata={"help": "Keep the end-of-turn token after a span in the loss."}
+    )
+    lenient_parsing: bool = field(
+        default=False,
+        metadata={"help": "Read untagged answers (last number) and confidences (first valid number) instead of 0."},
+    )
+
+    def __post_init__(self):
+        # Before GRPOConfig's checks, which validate num_generations against the batch sizes.
+        if self.num_generations_answer is not None:
+            self.num_generations = self.num_generations_answer
+        super().__post_init__()
+        self.num_generations_answer = self.num_generations
+
+        if self.num_generations_confidence < 2:
+            raise ValueError(
+                f"num_generations_confidence must be at least 2 (got {self.num_generations_confidence}): confidence "
+                "advantages are normalised among the samples of one answer, and a single sample has no baseline."
+            )
+        if self.max_confidence_length < 1:
+            raise ValueError(f"max_confidence_length must be positive (got {self.max_confidence_length}).")
+        for name in ("lambda_ans", "lambda_conf"):
+            value = getattr(self, name)
+            if not (value >= 0 and value != float("inf")):
+                raise ValueError(f"{name} must be a finite, non-negative weight (got {value}).")
+        if self.confidence_normalization not in ("answer", "answer_then_prompt"):
+            raise ValueError(
+                f"confidence_normalization must be 'answer' or 'answer_then_prompt' "
+                f"(got {self.confidence_normalization!r})."
+            )
+        self.confidence_scale_rewards = {True: "group", False: "none"}.get(
+            self.confidence_scale_rewards, self.confidence_scale_rewards
+        )
+        if self.confidence_scale_rewards not in ("none", "group", "batch"):
+            raise ValueError(
+                f"confidence_scale_rewards must be 'none', 'group' or 'batch' (got {self.confidence_scale_rewards!r})."
+            )
+        tags = {n: getattr(self, n) for n in ("think_tag", "answer_tag", "analysis_tag", "confidence_tag")}
+        for name, tag in tags.items():
+            if not tag or any(c in tag for c in "<>/ \n"):
+                raise ValueError(f"{name} must be a bare tag name such as 'answer' (got {tag!r}).")
+        if len(set(tags.values())) != len(tags):
+            raise ValueError(f"think_tag, answer_tag, analysis_tag and confidence_tag must differ (got {tags}).")
+        if not self.confidence_prompt.strip():
+            raise ValueError("confidence_prompt must not be empty: it is the user message that asks for a confidence.")

@@ -1,0 +1,320 @@
+"""RLCR with a confidence turn per fixed answer (SPEC §2).
+
+Per prompt, `G_a` answers are sampled; then, for each answer, `G_c` confidences are sampled in a second turn whose
+context is the prompt, that answer, and a user message asking for a confidence. Accuracy rewards the answers, the
+Brier score rewards the confidences against their own answer's correctness, and both row types train in one update.
+
+Both turns run through `GRPOTrainer._generate_and_score_completions`, so generation (vLLM server/colocate,
+transformers), old/ref log-probs and vLLM's importance-sampling correction are TRL's own. The confidence turn runs it
+inside `_confidence_turn()`, which scopes what differs for that call: the group size (`G_c`), the reward function
+(Brier), the scaling, the generation length, and the prompt ids, built by token concatenation in
+`_tokenize_prompts`. The trainer then adds span masks (`tool_mask`), weights and re-normalises advantages, and
+concatenates the rows. The loss is TRL's, unchanged: it reads the span mask and per-row advantages.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+
+from ..calibration import calibration_report
+from ..core.advantages import prompt_level_normalize
+from ..core.batch import concat_row_batches
+from ..core.spans import span_token_mask
+from ..core.turns import follow_up_turn
+from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
+from ..rewards.verify import verify_answer
+from .rlcr_config import RLCRMultiTurnConfig
+
+
+ANSWER, CONFIDENCE = 0, 1
+LABEL_COLUMN = "answer_correct"  # the parent answer's accuracy, passed to the Brier reward
+
+
+class RLCRMultiTurnTrainer(GRPOTrainer):
+    """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
+
+    Args:
+        model: As [`~trl.GRPOTrainer`].
+        reward_funcs: Extra reward functions for the answer rows (e.g. a format reward). Accuracy (answer rows) and
+            the Brier score (confidence rows) are built in.
+        args: An [`RLCRMultiTurnConfig`].
+        accuracy_func: `f(gold: str, prediction: str) -> bool` deciding correctness. Defaults to
+            [`~trl_ext.rewards.verify_answer`] (math_verify with a normalised exact-match fallback).
+        **kwargs: `train_dataset`, `eval_dataset`, `processing_class`, `reward_processing_classes`, `callbacks`,
+            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a conversational `prompt` column
+            and the gold answer in `args.solution_column`.
+
+    Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
+    with `sample_type` (0 answer, 1 confidence) and the loss-only span mask in `tool_mask`.
+    """
+
+    _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
+    _name = "RLCR (multi-turn)"
+    _paper = {
+        "title": "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
+        "id": "2507.16806",
+        "citation": textwrap.dedent(
+            """\
+            @article{damani2025beyond,
+                title        = {{Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty}},
+                author       = {Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas},
+                year         = 2025,
+                journal      = {arXiv preprint arXiv:2507.16806}
+            }"""
+        ),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs):
+        if args is None:
+            args = RLCRMultiTurnConfig("RLCR-multi-turn")
+        if not isinstance(args, RLCRMultiTurnConfig):
+            raise TypeError(f"args must be an RLCRMultiTurnConfig, got {type(args).__name__}.")
+        for unsupported in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"RLCRMultiTurnTrainer builds its own two-turn rollout; `{unsupported}` is not supported.")
+        for split in ("train_dataset", "eval_dataset"):
+            _check_dataset(kwargs.get(split), split, args.solution_column)
+
+        extra = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+        accuracy = make_accuracy_reward(
+            args.answer_tag, args.solution_column, accuracy_func or verify_answer, lenient=args.lenient_parsing
+        )
+        super().__init__(model, reward_funcs=[accuracy, *extra], args=args, **kwargs)
+
+        self._brier_reward = make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)
+        self._turn = follow_up_turn(
+            self.processing_class,
+            args.confidence_prompt,
+            self.eos_token_ids,
+            chat_template=self.chat_template,
+            **self.chat_template_kwargs,
+        )
+        self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
+        self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
+        self._turn2_prompt_ids = None  # set while the confidence turn generates
+        self._last_generation = None  # (prompt_ids, completion_ids) of the latest `_generate`
+        self._last_rewards_per_func = None  # gathered rewards of the latest `_calculate_rewards`
+
+        # split_tensor_dict drops a remainder silently: the (1 + G_c) rows per answer row must split evenly.
+        local_rows = args.generation_batch_size // self.accelerator.num_processes * (1 + args.num_generations_confidence)
+        if local_rows % args.steps_per_generation != 0:
+            raise ValueError(
+                f"A generation batch gives {local_rows} rows per process, which do not split into "
+                f"steps_per_generation={args.steps_per_generation} chunks; change per_device_train_batch_size, "
+                "generation_batch_size or steps_per_generation."
+            )
+
+    # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
+    def _tokenize_prompts(self, prompts):
+        if self._turn2_prompt_ids is not None:
+            return self._turn2_prompt_ids, None, {}
+        return super()._tokenize_prompts(prompts)
+
+    def _generate(self, prompts):
+        result = super()._generate(prompts)
+        self._last_generation = (result[0], result[1])
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._last_rewards_per_func
+
+    @contextmanager
+    def _confidence_turn(self, turn2_prompt_ids, mode):
+        """Scope what differs in the confidence turn's call of `_generate_and_score_completions`."""
+        args = self.args
+        saved = {
+            name: getattr(self, name)
+            for name in ("num_generations", "num_generations_eval", "reward_funcs", "reward_func_names",
+                         "reward_weights", "reward_processing_classes", "scale_rewards", "_logs")
+        }
+        self.num_generations = self.num_generations_eval = args.num_generations_confidence
+        self.reward_funcs = [self._brier_reward]
+        self.reward_func_names = ["brier"]
+        self.reward_weights = torch.ones(1)
+        self.reward_processing_classes = [None]
+        self.scale_rewards = args.confidence_scale_rewards
+        # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
+        self._logs = {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+                      "extra": defaultdict(list)}
+        self._turn2_prompt_ids = turn2_prompt_ids
+        lengths = self._set_max_new_tokens(args.max_confidence_length)
+        metrics_before = {k: len(v) for k, v in self._metrics[mode].items()}
+        try:
+            yield
+        finally:
+            self._set_max_new_tokens(lengths)
+            for name, value in saved.items():
+                setattr(self, name, value)
+            self._turn2_prompt_ids = None
+            # Metrics the confidence call appended (lengths, reward stats, IS ratios) move under `confidence/`.
+            for key in list(self._metrics[mode]):
+                if key == "num_tokens":
+                    continue
+                values = self._metrics[mode][key]
+                new = values[metrics_before.get(key, 0):]
+                if new:
+                    del values[metrics_before.get(key, 0):]
+                    self._metrics[mode][f"confidence/{key}"].extend(new)
+                    if not values:
+                        del self._metrics[mode][key]
+
+    def _set_max_new_tokens(self, value):
+        """Set the generation length of every backend; return the previous values (pass them back to restore)."""
+        targets = []
+        if getattr(self, "generation_config", None) is not None:
+            targets.append((self.generation_config, "max_new_tokens"))
+        if isinstance(getattr(self, "generation_kwargs", None), dict) and "max_new_tokens" in self.generation_kwargs:
+            targets.append((self.generation_kwargs, "max_new_tokens"))
+        if self.use_vllm:
+            targets.append((self.vllm_generation, "max_completion_length"))
+        previous = []
+        for i, (obj, attr) in enumerate(targets):
+            new = value[i] if isinstance(value, list) else value
+            if isinstance(obj, dict):
+                previous.append(obj[attr])
+                obj[attr] = new
+            else:
+                previous.append(getattr(obj, attr))
+                setattr(obj, attr, new)
+        return previous
+
+    # -- the two-turn batch ------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        args = self.args
+        g_a = self.num_generations if mode == "train" else self.num_generations_eval
+        g_c = args.num_generations_confidence
+
+        # Turn 1: answers, scored by accuracy (+ extra reward functions), GRPO advantages within each prompt.
+        answers = super()._generate_and_score_completions(inputs)
+        prompt_ids, answer_ids = self._last_generation
+        rewards = self._last_rewards_per_func
+        local = self._local_slice(len(inputs))
+        correct = rewards[local, 0].clamp(0, 1).round().tolist()  # accuracy is reward function 0
+
+        # Turn 2: for each answer, G_c confidences in one generation call on token-concatenated prompts.
+        turn2_inputs, turn2_prompt_ids = [], []
+        for row, p_ids, a_ids, label in zip(inputs, prompt_ids, answer_ids, correct, strict=True):
+            ids = self._turn.prompt_ids(p_ids, a_ids, self.eos_token_ids)
+            answer_text = self.processing_class.decode(a_ids, skip_special_tokens=True)
+            conversation = [*row["prompt"], {"role": "assistant", "content": answer_text},
+                            {"role": "user", "content": args.confidence_prompt}]
+            for _ in range(g_c):
+                turn2_prompt_ids.append(ids)
+                turn2_inputs.append({**row, "prompt": conversation, LABEL_COLUMN: label})
+        with self._confidence_turn(turn2_prompt_ids, mode):
+            confidences = super()._generate_and_score_completions(turn2_inputs)
+        confidence_ids = self._last_generation[1]
+        brier = self._last_rewards_per_func[:, 0]
+
+        # Span masks (loss only), delivered as `tool_mask`.
+        answer_mask, answer_closed = self._span_masks(answer_ids, self._answer_span, answers["completion_ids"])
+        confidence_mask, _ = self._span_masks(confidence_ids, self._confidence_span, confidences["completion_ids"])
+        answers["tool_mask"] = answer_mask * answers.get("tool_mask", 1)
+        confidences["tool_mask"] = confidence_mask * confidences.get("tool_mask", 1)
+
+        # Advantages: lambda-weighted; confidence rows optionally re-standardised over the prompt's G_a * G_c rows.
+        answers["advantages"] = answers["advantages"] * args.lambda_ans
+        conf_adv = confidences["advantages"]
+        if args.confidence_normalization == "answer_then_prompt":
+            gathered = self.accelerator.gather(conf_adv)
+            conf_adv = prompt_level_normalize(gathered, g_a * g_c)[self._local_slice(len(turn2_inputs))]
+        confidences["advantages"] = conf_adv * args.lambda_conf
+
+        device = answers["advantages"].device
+        answers["sample_type"] = torch.full((len(inputs),), ANSWER, dtype=torch.long, device=device)
+        confidences["sample_type"] = torch.full((len(turn2_inputs),), CONFIDENCE, dtype=torch.long, device=device)
+        batch = concat_row_batches([answers, confidences], pad_token_id=self._tokenizer.pad_token_id)
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+        self._log_turns(mode, rewards, brier, answer_closed, confidence_ids, g_c)
+        return batch
+
+    def _local_slice(self, n_local):
+        start = self.accelerator.process_index * n_local
+        return slice(start, start + n_local)
+
+    def _span_masks(self, completion_ids, span, padded):
+        start_tags, end_tag = span
+        mask = torch.zeros_like(padded, dtype=torch.long)
+        closed = []
+        for row, ids in enumerate(completion_ids):
+            row_mask, row_closed = span_token_mask(
+                self.processing_class, ids, start_tags, end_tag, self.eos_token_ids, self.args.train_on_eos
+            )
+            mask[row, : len(row_mask)] = torch.tensor(row_mask, dtype=torch.long)
+            closed.append(row_closed)
+        return mask, closed
+
+    def _log_turns(self, mode, answer_rewards, brier, answer_closed, confidence_ids, g_c):
+        """SPEC §2 metrics over the gathered batch; the parsed confidence joins TRL's completions table."""
+        device = self.accelerator.device
+        args = self.args
+        texts = self.processing_class.batch_decode(confidence_ids, skip_special_tokens=True)
+        stated = [extract_confidence(t, args.confidence_tag, args.lenient_parsing) for t in texts]
+        # float64: in float32, 0.8 becomes 0.80000001 and lands in the wrong ECE bin
+        local_conf = torch.tensor([math.nan if c is None else c for c in stated], dtype=torch.float64, device=device)
+        conf = self.accelerator.gather(local_conf).cpu()
+        format_ok = self.accelerator.gather(torch.tensor(answer_closed, dtype=torch.float32, device=device)).cpu()
+
+        accuracy = answer_rewards[:, 0].cpu()
+        answer_reward = (answer_rewards * self.reward_weights.to(answer_rewards.device)).nansum(dim=1).cpu()
+        brier = brier.cpu()
+        labels = accuracy.repeat_interleave(g_c)
+        parsed = ~torch.isnan(conf)
+
+        m = self._metrics[mode]
+        m["answer/accuracy"].append(accuracy.mean().item())
+        m["answer/reward_mean"].append(answer_reward.mean().item())
+        m["answer/reward_std"].append(answer_reward.std().item() if answer_reward.numel() > 1 else 0.0)
+        m["answer/format_fail_rate"].append(1.0 - format_ok.mean().item())
+        m["confidence/brier_reward_mean"].append(brier.mean().item())
+        m["confidence/brier_reward_std"].append(brier.std().item() if brier.numel() > 1 else 0.0)
+        m["confidence/parse_fail_rate"].append(1.0 - parsed.float().mean().item())
+        if parsed.any():
+            report = calibration_report(conf[parsed].tolist(), labels[parsed].tolist())
+            m["confidence/mean"].append(report.mean_confidence)
+            m["calibration/ece"].append(report.ece)
+            m["calibration/brier"].append(report.brier)
+            if report.auroc is not None:  # undefined when all answers are right, or all wrong
+                m["calibration/auroc"].append(report.auroc)
+
+        # One value per answer row in TRL's completions table: the mean of its parsed confidences.
+        per_answer = conf.view(-1, g_c)
+        means = [
+            row[~torch.isnan(row)].mean().item() if (~torch.isnan(row)).any() else None for row in per_answer
+        ]
+        self._logs["extra"]["confidence"].extend(means)  # gathered, like TRL's prompt/completion columns
+
+
+def _check_dataset(dataset, split, solution_column):
+    """Fail at init, naming the column, rather than at the first reward call."""
+    if dataset is None:
+        return
+    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
+    for ds in datasets:
+        columns = getattr(ds, "column_names", None)
+        if columns is None:
+            continue
+        if "prompt" not in columns:
+            raise ValueError(f"{split} has no 'prompt' column (columns: {columns}).")
+        if solution_column not in columns:
+            raise ValueError(
+                f"{split} has no gold-answer column {solution_column!r} (columns: {columns}); rename the column or "
+                "set RLCRMultiTurnConfig.solution_column."
+            )
+        first = next(iter(ds))
+        if not is_conversational(first):
+            raise ValueError(
+                f"{split} prompts must be conversational (a list of messages): the confidence turn continues the "
+                "conversation through the chat template."
+            )
