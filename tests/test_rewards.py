@@ -481,3 +481,46 @@ def test_cheap_rewards_fuzz(completions, data):
 def test_accuracy_reward_fuzz(completion_value, gold):
     _check_rewards(_call(accuracy_reward, [completion_value], solution=[gold]), 1)
     assert isinstance(verify_answer(gold, completion_text(completion_value)), bool)
+
+
+# --- lenient extraction (opt-in, for models too small to follow the tag format) --------------------------------------
+
+from trl_ext.rewards import extract_answer, extract_confidence  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "text, strict, lenient",
+    [
+        ("The answer is 7.", None, "7"),
+        ("3 + 4 = 7\n\nDone", None, "7"),
+        ("<answer>5</answer> and 9", "5", "5"),  # the tag wins
+        ("no number", None, None),
+        ("version2 x3", None, None),  # digits glued to letters are not numbers
+    ],
+)
+def test_extract_answer(text, strict, lenient):
+    assert extract_answer(text, "answer") == strict
+    assert extract_answer(text, "answer", lenient=True) == lenient
+
+
+@pytest.mark.parametrize(
+    "text, strict, lenient",
+    [
+        ("I am 70% sure", None, 0.7),
+        ("It costs 30 cents; 0.4 likely", None, 0.4),  # 30 is no confidence, 0.4 is
+        ("<confidence>0.2</confidence> 0.9", 0.2, 0.2),
+        ("2.5 out of 10", None, None),
+    ],
+)
+def test_extract_confidence(text, strict, lenient):
+    assert extract_confidence(text, "confidence") == strict
+    assert extract_confidence(text, "confidence", lenient=True) == (pytest.approx(lenient) if lenient else None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_lenient_extraction_never_raises(text):
+    answer = extract_answer(text, "answer", lenient=True)
+    assert answer is None or isinstance(answer, str)
+    confidence = extract_confidence(text, "confidence", lenient=True)
+    assert confidence is None or 0.0 <= confidence <= 1.0

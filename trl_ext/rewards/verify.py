@@ -45,10 +45,12 @@ _MAX_DIGITS = 100_000  # bound on the size of any exact number sympy may have to
 _MAX_SYMBOLIC_POWER = 64  # largest exponent allowed on a base that is not a plain rational number
 _MAX_TERMS = 2_000  # bound on the number of terms a full expansion (`expand`, `simplify`) may produce
 _MAX_FUNCTION_DEPTH = 2  # functions nested deeper than this (tan(tan(tan(1)))) make `simplify` explode
-# `simplify` (trigsimp) is exponential in trigonometric functions of sums: sin(a+b+c+d+f+g+h) takes seconds, and
-# so does a product of four sin(x+y+1)-like factors. Allow a few such functions, with short arguments.
+# `simplify` (trigsimp) is exponential in trigonometric functions of sums: sin(a+b+c+d+f+g+h), a product of four
+# sin(x+y+1)-like factors, or sin(x+y+1)**8 each take seconds to minutes. Allow a few such functions, with short
+# arguments, raised to small powers only.
 _MAX_TRIG_ARGUMENT_TERMS = 3
 _MAX_COMPOUND_TRIG = 2
+_MAX_COMPOUND_TRIG_POWER = 2
 _LOG10_2 = math.log10(2)
 
 _math_verify = None  # (parse, verify, Basic, MatrixBase, TimeoutException) once imported; False if unavailable
@@ -108,6 +110,7 @@ class _Size:
     numeric: bool  # no free symbols
     rational: bool  # a rational number that sympy evaluates exactly (no symbols, functions, roots or constants)
     terms: float  # number of terms after full expansion
+    compound_trig: bool = False  # contains a trigonometric function of a sum
 
 
 def _integer_digits(value: int) -> float:
@@ -176,10 +179,12 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
     numeric = all(part.numeric for part in parts)
     rational = False
     largest = max(part.magnitude for part in parts)
+    compound_trig = any(part.compound_trig for part in parts)
     if name in _TRIG_FUNCTIONS and parts[0].terms > 1:
         budget[1] -= 1
         if parts[0].terms > _MAX_TRIG_ARGUMENT_TERMS or budget[1] < 0:
             raise _Unsafe
+        compound_trig = True
     if is_exp:
         magnitude = _exponent_bound(parts[1].magnitude) * 0.5
         digits += magnitude
@@ -188,6 +193,8 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
         base, exponent_size = parts
         exponent = _exponent_bound(exponent_size.magnitude)
         if not base.rational and exponent > _MAX_SYMBOLIC_POWER:
+            raise _Unsafe
+        if base.compound_trig and exponent > _MAX_COMPOUND_TRIG_POWER:
             raise _Unsafe
         rational = base.rational and isinstance(expr.exp, Integer)
         magnitude = max(base.digits, base.magnitude) * exponent
@@ -210,7 +217,7 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
         terms = 1.0 if is_function else sum(part.terms for part in parts)
     if digits > _MAX_DIGITS or magnitude > _MAX_DIGITS or terms > _MAX_TERMS:
         raise _Unsafe
-    return _Size(digits, magnitude, numeric, rational, terms)
+    return _Size(digits, magnitude, numeric, rational, terms, compound_trig)
 
 
 def _expression_is_safe(expr: Any) -> bool:

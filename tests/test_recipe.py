@@ -1,0 +1,96 @@
+"""Recipe plumbing: local datasets in every format, column mapping, the default config, and recipes/rlcr.py end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from trl_ext.data import graded_arithmetic
+from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset, plot_learning_curves, with_default_config, write_json
+from trl_ext.testing import tiny_checkpoint
+
+
+ROOT = Path(__file__).parent.parent
+ROWS = [{"q": f"What is {i}+1?", "a": f"Work: {i} plus 1 #### {i + 1}"} for i in range(10)]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".parquet", ".csv"])
+def test_local_files_map_to_prompt_and_solution(tmp_path, suffix):
+    path = tmp_path / f"data{suffix}"
+    ds = Dataset.from_list(ROWS)
+    {".json": lambda: ds.to_json(path, lines=False), ".jsonl": lambda: ds.to_json(path),
+     ".parquet": lambda: ds.to_parquet(path), ".csv": lambda: ds.to_csv(path, index=False)}[suffix]()
+    args = RecipeScriptArguments(dataset_path=str(path), question_column="q", answer_column="a",
+                                 answer_delimiter="####", num_eval_samples=2)
+    train, evaluation = load_recipe_dataset(args, system_prompt="Be brief.")
+    assert len(train) == 8 and len(evaluation) == 2  # the last rows are held out
+    assert train[0]["prompt"] == [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "What is 0+1?"}]
+    assert train[0]["solution"] == "1" and evaluation[-1]["solution"] == "10"
+
+
+def test_dataset_errors_name_the_flag(tmp_path):
+    path = tmp_path / "data.jsonl"
+    Dataset.from_list(ROWS).to_json(path)
+    with pytest.raises(ValueError, match="--question_column"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path), answer_column="a"), None)
+    with pytest.raises(ValueError, match="--answer_column"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path), question_column="q"), None)
+    with pytest.raises(ValueError, match="unsupported extension"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(tmp_path / "data.txt")), None)
+    with pytest.raises(ValueError, match="not both"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path), dataset_name="org/name"), None)
+    assert load_recipe_dataset(RecipeScriptArguments(), None) == (None, None)
+
+
+def test_default_config_only_without_model_or_config():
+    assert with_default_config([], "d.yaml") == ["--config", "d.yaml"]
+    assert with_default_config(["--max_steps", "2"], "d.yaml") == ["--config", "d.yaml", "--max_steps", "2"]
+    assert with_default_config(["--model_name_or_path", "m"], "d.yaml") == ["--model_name_or_path", "m"]
+    assert with_default_config(["--config=c.yaml"], "d.yaml") == ["--config=c.yaml"]
+
+
+def test_graded_arithmetic_is_deterministic_and_graded():
+    a, b = graded_arithmetic(10, seed=3), graded_arithmetic(10, seed=3)
+    assert a.to_list() == b.to_list() and a.to_list() != graded_arithmetic(10, seed=4).to_list()
+    assert a["level"] == [1, 2, 3, 4, 5] * 2
+    for row in a:
+        expression = row["question"].removeprefix("What is ").removesuffix("?")
+        assert str(eval(expression)) == row["solution"]  # test-only check of the generator's arithmetic
+
+
+def test_plots_and_json(tmp_path):
+    log = [{"step": 1, "answer/accuracy": 0.5}, {"step": 2, "answer/accuracy": 0.75}, {"step": 2, "loss": 1.0}]
+    png = plot_learning_curves(log, ["answer/accuracy", "calibration/ece"], tmp_path / "c.png", "t")
+    assert Path(png).read_bytes()[:4] == b"\x89PNG"
+    write_json(tmp_path / "m.json", {"ece": float("nan"), "x": [1.0, float("inf")]})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"ece": None, "x": [1.0, None]}
+
+
+@pytest.mark.slow
+def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny")
+    data = tmp_path / "data.jsonl"
+    Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(20)]).to_json(data)
+    out = tmp_path / "out"
+    common = ["--dataset_path", str(data), "--num_eval_samples", "4", "--output_dir", str(out), "--use_cpu",
+              "--bf16", "false", "--report_to", "none", "--logging_steps", "1", "--max_completion_length", "8", "--max_confidence_length", "6"]
+    train = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--model_name_or_path", model, "--max_steps", "2",
+             "--per_device_train_batch_size", "4", "--num_generations", "2", "--num_generations_confidence", "2",
+             "--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", *common]
+    proc = subprocess.run(train, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in ("metrics.json", "reliability_before.png", "reliability_after.png", "reliability_before_after.png",
+                 "learning_curves.png", "adapter_model.safetensors"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"before", "after", "train_log"} <= set(metrics) and metrics["after"]["num_rows"] == 4
+    assert sum("answer/accuracy" in log for log in metrics["train_log"]) == 2
+
+    evaluate = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--eval_only", "--model_name_or_path", model, *common]
+    proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (out / "reliability_eval.png").is_file() and "eval" in json.loads((out / "metrics.json").read_text())
