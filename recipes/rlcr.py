@@ -5,7 +5,8 @@
     python recipes/rlcr.py --eval_only --model_name_or_path outputs/rlcr-smollm2-cpu
 
 Writes to `output_dir`: `metrics.json` (calibration before/after and the training log), `reliability_before.png`,
-`reliability_after.png`, `reliability_before_after.png`, `learning_curves.png`, and the trained model.
+`reliability_after.png`, `reliability_before_after.png`, `learning_curves.png`, `eval_before.json` and
+`eval_after.json` (every evaluated answer and confidence), and the trained model.
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ def datasets_for(script_args, training_args):
 
 
 def evaluate_and_plot(model, tokenizer, evaluation, training_args, name):
+    """Greedy evaluation; writes `reliability_<name>.png` and every answer/confidence to `eval_<name>.json`."""
     result = evaluate_calibration(model, tokenizer, evaluation, training_args)
-    reliability_diagram(result.report, Path(training_args.output_dir) / f"reliability_{name}.png",
+    output_dir = Path(training_args.output_dir)
+    reliability_diagram(result.report, output_dir / f"reliability_{name}.png",
                         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}")
+    write_json(output_dir / f"eval_{name}.json", result.rows)
     return result
 
 

@@ -84,7 +84,7 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     proc = subprocess.run(train, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in ("metrics.json", "reliability_before.png", "reliability_after.png", "reliability_before_after.png",
-                 "learning_curves.png", "adapter_model.safetensors"):
+                 "learning_curves.png", "adapter_model.safetensors", "eval_before.json", "eval_after.json"):
         assert (out / name).is_file(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"before", "after", "train_log"} <= set(metrics) and metrics["after"]["num_rows"] == 4

@@ -186,3 +186,32 @@ def test_truncated_answer_gets_end_of_turn_in_turn_two(tmp_path):
     turn2 = gen.calls[1].prompt_ids[0]
     prompt = gen.calls[0].prompt_ids[0]
     assert turn2[len(prompt): len(prompt) + len(cut) + 1] == cut + [tok.eos_token_id]
+
+
+class _RecordingWriter:
+    """Stands in for TensorBoard's SummaryWriter: records histograms, ignores everything else."""
+
+    def __init__(self):
+        self.histograms = {}
+
+    def add_histogram(self, name, values, step):
+        self.histograms[name] = (values.tolist(), step)
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_histograms_reach_a_histogram_logger(tmp_path):
+    from transformers.integrations import TensorBoardCallback
+
+    trainer = make_trainer(tmp_path)
+    callback = object.__new__(TensorBoardCallback)  # without tensorboard installed: only the writer is replaced
+    writer = callback.tb_writer = _RecordingWriter()
+    callback._SummaryWriter, callback.logging_dir = None, str(tmp_path)
+    trainer.add_callback(callback)
+    run_one_step(trainer)
+    histograms = writer.histograms
+    assert sorted(histograms) == ["histograms/answer/reward", "histograms/confidence/brier_reward",
+                                  "histograms/confidence/stated"]
+    assert sorted(histograms["histograms/confidence/stated"][0]) == pytest.approx(sorted([0.9, 0.6, 0.8, 0.85, 0.1]))
+    assert sorted(histograms["histograms/answer/reward"][0]) == [0.0, 0.0, 1.0, 1.0]

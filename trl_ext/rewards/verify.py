@@ -30,14 +30,22 @@ _VERIFY_TIMEOUT = 3
 # (sums, products, integrals, limits). Text containing them is only compared by exact match: with no working
 # timeout off the main thread, a single `\binom{10^9}{5 \cdot 10^8}` would otherwise hang the caller.
 _UNSAFE_TEXT_RE = re.compile(r"\\(?:det|gcd|lcm|operatorname|sum|prod|i*int|oint|lim|begin)|matrix")
-# Binomials and the gamma function are evaluated while parsing, which is only cheap for small literal arguments:
-# allowed once per text, without powers or factorials, and with at most this many digits in the whole text.
-_BINOMIAL_RE = re.compile(r"\\(?:[dt]?binom|choose)")
-_GAMMA_RE = re.compile(r"\\(?:Gamma|gamma\s*[({])")
-_MAX_EAGER_DIGITS = {_BINOMIAL_RE: 8, _GAMMA_RE: 3}
-_GROWTH_TEXT_RE = re.compile(r"[!^*]|\\exp")
+# Binomials and the gamma function are evaluated while parsing (even with symbolic or transcendental arguments:
+# \binom{90}{\sin(14)}), which is only cheap when the whole answer is one of them with small literal arguments.
+_EAGER_RE = re.compile(r"\\(?:[dt]?binom|choose|(?:Gamma|gamma)\s*[({])")
+_EAGER_LITERAL_RE = re.compile(
+    r"\s*(?:\\[dt]?binom\s*\{\s*[0-9]{1,4}\s*\}\s*\{\s*[0-9]{1,4}\s*\}|\{?\s*[0-9]{1,4}\s*\\choose\s*[0-9]{1,4}\s*\}?"
+    r"|\\Gamma\s*(?:\(\s*[0-9]{1,3}\s*\)|\{\s*[0-9]{1,3}\s*\}))\s*"
+)
 # Scientific notation with a huge exponent ("1E999999999"): sympy turns it into an exact rational while parsing.
 _HUGE_E_NOTATION_RE = re.compile(r"[0-9.]\s*[eE]\s*[+-]?\s*[0-9]{5}")
+# latex2sympy builds e^{...} with an evaluating `exp`, whose assumption checks evaluate the argument numerically
+# while parsing: e^{\cos(99999!)} or e^{\sin(9^{9^{9}})} never finish. So texts may not combine an exponential
+# with a factorial, factorials of literals are short, and exponents may not be numeric towers ("9^{9^{9}}", with
+# the inner base a number or a bracket), factorials, exponentials or long literal numbers ("10^{123456}").
+_LARGE_FACTORIAL_RE = re.compile(r"[0-9]{4,}\s*!")
+_EXPONENTIAL_RE = re.compile(r"e\s*\^|\\exp")
+_TOWER_EXPONENT_RE = re.compile(r"[0-9)}\]]\s*\^|!|\\exp|[0-9]{5}")
 
 # Limits for the parsed sympy expressions (see `_measure`).
 _MAX_NODES = 300
@@ -51,7 +59,14 @@ _MAX_FUNCTION_DEPTH = 2  # functions nested deeper than this (tan(tan(tan(1)))) 
 _MAX_TRIG_ARGUMENT_TERMS = 3
 _MAX_COMPOUND_TRIG = 2
 _MAX_COMPOUND_TRIG_POWER = 2
+# trigsimp also applies double-angle formulas recursively: sin(128 x) or cos(2**36 / log(3)) explode, so integers
+# inside a trigonometric argument (other than a rational multiple of pi) stay below this.
+_MAX_TRIG_COEFFICIENT = 100
+# `simplify` on an expression with log/exp next to a large number (log(5 + e) - 1000000) builds e**1000000-like
+# numbers: pairs involving logarithms or exponentials may only contain numbers below 10**this.
+_MAX_LOG_PAIR_MAGNITUDE = 5.0
 _LOG10_2 = math.log10(2)
+_LOG10_E = math.log10(math.e)
 
 _math_verify = None  # (parse, verify, Basic, MatrixBase, TimeoutException) once imported; False if unavailable
 
@@ -91,6 +106,7 @@ _TRIG_FUNCTIONS = frozenset(
         "tanh", "coth", "sech", "csch", "asinh", "acosh", "atanh", "acoth",
     }
 )  # fmt: skip
+_LOGARITHMIC_FUNCTIONS = frozenset({"log", "exp", "LambertW"})
 # Unevaluated algorithms (sums, integrals, ...) that sympy may run while comparing, for an unbounded time.
 _FORBIDDEN_CLASSES = frozenset(
     {"Sum", "Product", "Integral", "Limit", "Derivative", "Subs", "Determinant", "MatPow", "Lambda"}
@@ -111,6 +127,7 @@ class _Size:
     rational: bool  # a rational number that sympy evaluates exactly (no symbols, functions, roots or constants)
     terms: float  # number of terms after full expansion
     compound_trig: bool = False  # contains a trigonometric function of a sum
+    logarithmic: bool = False  # contains log or exp
 
 
 def _integer_digits(value: int) -> float:
@@ -124,6 +141,17 @@ def _exponent_bound(log_magnitude: float) -> float:
     return max(1.0, 10.0**log_magnitude)
 
 
+def _value_bound(expr: Any, size: _Size) -> float:
+    """Upper bound on |expr| (at least 1): exact for a plain number, else from its magnitude bound."""
+    bound = _exponent_bound(size.magnitude)
+    if getattr(expr, "is_Number", False):
+        try:
+            return max(1.0, abs(float(expr)))
+        except (TypeError, ValueError, OverflowError):
+            return bound
+    return bound
+
+
 def _expansion_terms(terms: float, exponent: float) -> float:
     """Upper bound on the number of terms of (t_1 + ... + t_terms) ** exponent once expanded."""
     if terms <= 1:
@@ -131,6 +159,20 @@ def _expansion_terms(terms: float, exponent: float) -> float:
     k = math.ceil(exponent)
     log_count = (math.lgamma(terms + k) - math.lgamma(k + 1) - math.lgamma(terms)) / math.log(10)
     return math.inf if log_count > 9 else 10.0**log_count
+
+
+def _check_trig_coefficients(argument: Any) -> None:
+    """Raise `_Unsafe` if a trigonometric argument holds an integer that trigsimp could halve many times."""
+    from sympy import Rational, pi
+
+    if getattr(argument, "is_Number", False):
+        return
+    coefficient, rest = argument.as_coeff_Mul()
+    if rest is pi and getattr(coefficient, "is_Number", False):
+        return
+    for atom in argument.atoms(Rational):
+        if abs(atom.p) > _MAX_TRIG_COEFFICIENT or atom.q > _MAX_TRIG_COEFFICIENT:
+            raise _Unsafe
 
 
 def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
@@ -149,8 +191,8 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
     if name in _FORBIDDEN_CLASSES or "Matrix" in name:
         raise _Unsafe
     if isinstance(expr, Integer):
-        digits = _integer_digits(int(expr))
-        return _Size(digits, digits, True, True, 1.0)
+        value = int(expr)
+        return _Size(_integer_digits(value), abs(value).bit_length() * _LOG10_2, True, True, 1.0)
     if isinstance(expr, Rational):
         numerator, denominator = _integer_digits(int(expr.p)), _integer_digits(int(expr.q))
         return _Size(max(numerator, denominator), max(0.0, numerator - denominator + 1), True, True, 1.0)
@@ -180,18 +222,21 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
     rational = False
     largest = max(part.magnitude for part in parts)
     compound_trig = any(part.compound_trig for part in parts)
-    if name in _TRIG_FUNCTIONS and parts[0].terms > 1:
-        budget[1] -= 1
-        if parts[0].terms > _MAX_TRIG_ARGUMENT_TERMS or budget[1] < 0:
-            raise _Unsafe
-        compound_trig = True
+    logarithmic = is_exp or name in _LOGARITHMIC_FUNCTIONS or any(part.logarithmic for part in parts)
+    if name in _TRIG_FUNCTIONS:
+        if parts[0].terms > 1:
+            budget[1] -= 1
+            if parts[0].terms > _MAX_TRIG_ARGUMENT_TERMS or budget[1] < 0:
+                raise _Unsafe
+            compound_trig = True
+        _check_trig_coefficients(args[0])
     if is_exp:
-        magnitude = _exponent_bound(parts[1].magnitude) * 0.5
+        magnitude = _value_bound(args[1], parts[1]) * _LOG10_E
         digits += magnitude
         terms = 1.0
     elif isinstance(expr, Pow):
         base, exponent_size = parts
-        exponent = _exponent_bound(exponent_size.magnitude)
+        exponent = _value_bound(args[1], exponent_size)
         if not base.rational and exponent > _MAX_SYMBOLIC_POWER:
             raise _Unsafe
         if base.compound_trig and exponent > _MAX_COMPOUND_TRIG_POWER:
@@ -208,8 +253,12 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
         magnitude = largest + 1.0
         rational = all(part.rational for part in parts)
         terms = sum(part.terms for part in parts)
+    elif name == "exp":
+        magnitude = _value_bound(args[0], parts[0]) * _LOG10_E
+        digits += magnitude
+        terms = 1.0
     elif name in _GROWTH_FUNCTIONS:
-        magnitude = _exponent_bound(largest) * (largest + 1.0)
+        magnitude = max(_value_bound(arg, part) for arg, part in zip(args, parts)) * (largest + 1.0)
         digits += magnitude
         terms = 1.0
     else:  # relations, sets, tuples, mild functions (sin, log, floor, Mod, ...)
@@ -217,18 +266,24 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
         terms = 1.0 if is_function else sum(part.terms for part in parts)
     if digits > _MAX_DIGITS or magnitude > _MAX_DIGITS or terms > _MAX_TERMS:
         raise _Unsafe
-    return _Size(digits, magnitude, numeric, rational, terms, compound_trig)
+    return _Size(digits, magnitude, numeric, rational, terms, compound_trig, logarithmic)
 
 
-def _expression_is_safe(expr: Any) -> bool:
-    """Whether comparing `expr` is cheap enough for sympy: small tree, no huge numbers, no unevaluated algorithms."""
+def _expression_size(expr: Any) -> _Size | None:
+    """Cost bounds for comparing `expr`, or `None` if sympy could take unbounded time or memory on it."""
     try:
-        _measure(expr, [_MAX_NODES, _MAX_COMPOUND_TRIG])
-        return True
+        return _measure(expr, [_MAX_NODES, _MAX_COMPOUND_TRIG])
     except (_Unsafe, RecursionError):
-        return False
+        return None
     except Exception:
-        return False
+        return None
+
+
+def _pair_is_safe(gold: _Size, prediction: _Size) -> bool:
+    """Whether comparing two individually safe expressions is safe too (see `_MAX_LOG_PAIR_MAGNITUDE`)."""
+    if gold.logarithmic or prediction.logarithmic:
+        return max(gold.magnitude, prediction.magnitude) <= _MAX_LOG_PAIR_MAGNITUDE
+    return True
 
 
 def _bracket_depth(text: str) -> int:
@@ -243,6 +298,27 @@ def _bracket_depth(text: str) -> int:
     return deepest
 
 
+def _exponents(text: str) -> list[str]:
+    """The exponent of every `^` in `text`: a braced group, or the token right after the caret (with the character
+    that follows it, so that "9^9^9" shows its tower)."""
+    exponents = []
+    for match in re.finditer(r"\^\s*", text):
+        start = match.end()
+        if text.startswith("{", start):
+            depth = 0
+            for index in range(start, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[index], 0)
+                if depth == 0:
+                    exponents.append(text[start + 1 : index])
+                    break
+            else:
+                exponents.append(text[start + 1 :])
+        else:
+            token = re.match(r"\\[A-Za-z]+|[0-9]+|.?", text[start:])
+            exponents.append(token.group(0) + text[start + len(token.group(0)) : start + len(token.group(0)) + 1])
+    return exponents
+
+
 def _text_is_safe(text: str) -> bool:
     """Whether `text` is short and free of constructs that make latex2sympy or sympy do unbounded work."""
     if not 0 < len(text) <= MAX_VERIFY_CHARS:
@@ -251,17 +327,15 @@ def _text_is_safe(text: str) -> bool:
         return False
     if text.count("|") > _MAX_BARS or _bracket_depth(text) > _MAX_BRACKET_DEPTH:
         return False
-    eager = [(pattern, len(pattern.findall(text))) for pattern in _MAX_EAGER_DIGITS]
-    if not any(count for _pattern, count in eager):
-        return True
-    if sum(count for _pattern, count in eager) > 1 or _GROWTH_TEXT_RE.search(text) is not None:
+    if "!" in text and (_LARGE_FACTORIAL_RE.search(text) is not None or _EXPONENTIAL_RE.search(text) is not None):
         return False
-    digits = sum(char.isdigit() for char in text)
-    return all(digits <= _MAX_EAGER_DIGITS[pattern] for pattern, count in eager if count)
+    if "^" in text and any(_TOWER_EXPONENT_RE.search(exponent) for exponent in _exponents(text)):
+        return False
+    return _EAGER_RE.search(text) is None or _EAGER_LITERAL_RE.fullmatch(text) is not None
 
 
-def _parse(text: str, timeout: int | None) -> list:
-    r"""Parse an answer with math_verify, returning only the sympy objects that are safe to compare.
+def _parse(text: str, timeout: int | None) -> list[tuple[Any, _Size]]:
+    r"""Parse an answer with math_verify, returning the sympy objects that are safe to compare, with their sizes.
 
     A bare answer is wrapped in `$...$` so LaTeX extraction sees it as math ("\frac{1}{2}", "(1, 2)", "5\%");
     text that is already delimited, boxed, or written with Python's `**` is parsed as is. The other spelling is
@@ -274,7 +348,8 @@ def _parse(text: str, timeout: int | None) -> list:
         results = parse(candidate, parsing_timeout=timeout, raise_on_error=False)
         expressions = [item for item in results if isinstance(item, (Basic, MatrixBase))]
         if expressions:
-            return [item for item in expressions if _expression_is_safe(item)]
+            sized = [(item, _expression_size(item)) for item in expressions]
+            return [(item, size) for item, size in sized if size is not None]
     return []
 
 
@@ -290,14 +365,14 @@ def _math_verify_equal(gold: str, prediction: str) -> bool:
         prediction_parsed = _parse(prediction, timeout)
         if not prediction_parsed:
             return False
-        return bool(
-            verify(
-                gold_parsed,
-                prediction_parsed,
-                timeout_seconds=_VERIFY_TIMEOUT if timeout is not None else None,
-                raise_on_error=False,
-            )
-        )
+        verify_timeout = _VERIFY_TIMEOUT if timeout is not None else None
+        for gold_expr, gold_size in gold_parsed:
+            for prediction_expr, prediction_size in prediction_parsed:
+                if _pair_is_safe(gold_size, prediction_size) and verify(
+                    gold_expr, prediction_expr, timeout_seconds=verify_timeout, raise_on_error=False
+                ):
+                    return True
+        return False
     except (Exception, TimeoutException):
         # math_verify swallows most errors itself, but re-raises some (e.g. its signal-in-thread ValueError), and
         # its TimeoutException derives from BaseException.

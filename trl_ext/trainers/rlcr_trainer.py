@@ -145,12 +145,15 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._logs = {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
                       "extra": defaultdict(list)}
         self._turn2_prompt_ids = turn2_prompt_ids
-        lengths = self._set_max_new_tokens(args.max_confidence_length)
+        lengths = [(obj, key, _get(obj, key)) for obj, key in self._generation_length_settings()]
+        for obj, key, _ in lengths:
+            _set(obj, key, args.max_confidence_length)
         metrics_before = {k: len(v) for k, v in self._metrics[mode].items()}
         try:
             yield
         finally:
-            self._set_max_new_tokens(lengths)
+            for obj, key, value in lengths:
+                _set(obj, key, value)
             for name, value in saved.items():
                 setattr(self, name, value)
             self._turn2_prompt_ids = None
@@ -166,25 +169,16 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
                     if not values:
                         del self._metrics[mode][key]
 
-    def _set_max_new_tokens(self, value):
-        """Set the generation length of every backend; return the previous values (pass them back to restore)."""
-        targets = []
-        if getattr(self, "generation_config", None) is not None:
-            targets.append((self.generation_config, "max_new_tokens"))
+    def _generation_length_settings(self):
+        """Where each generation backend reads its maximum new tokens: `(container, key)` pairs."""
+        settings = []
+        if getattr(self, "generation_config", None) is not None:  # transformers generate / continuous batching
+            settings.append((self.generation_config, "max_new_tokens"))
         if isinstance(getattr(self, "generation_kwargs", None), dict) and "max_new_tokens" in self.generation_kwargs:
-            targets.append((self.generation_kwargs, "max_new_tokens"))
+            settings.append((self.generation_kwargs, "max_new_tokens"))
         if self.use_vllm:
-            targets.append((self.vllm_generation, "max_completion_length"))
-        previous = []
-        for i, (obj, attr) in enumerate(targets):
-            new = value[i] if isinstance(value, list) else value
-            if isinstance(obj, dict):
-                previous.append(obj[attr])
-                obj[attr] = new
-            else:
-                previous.append(getattr(obj, attr))
-                setattr(obj, attr, new)
-        return previous
+            settings.append((self.vllm_generation, "max_completion_length"))
+        return settings
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -239,6 +233,15 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._log_turns(mode, rewards, brier, answer_closed, confidence_ids, g_c)
         return batch
 
+    def _log_histograms(self, mode, values):
+        """Per-type distributions, on the loggers that take histograms; scalars go through TRL's metrics."""
+        if mode != "train" or not self.accelerator.is_main_process:
+            return
+        for log in _histogram_sinks(self.callback_handler.callbacks):
+            for name, tensor in values.items():
+                if tensor.numel():
+                    log(f"histograms/{name}", tensor.float(), self.state.global_step)
+
     def _local_slice(self, n_local):
         start = self.accelerator.process_index * n_local
         return slice(start, start + n_local)
@@ -288,12 +291,44 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
             if report.auroc is not None:  # undefined when all answers are right, or all wrong
                 m["calibration/auroc"].append(report.auroc)
 
+        self._log_histograms(mode, {
+            "confidence/stated": conf[parsed],
+            "answer/reward": answer_reward,
+            "confidence/brier_reward": brier,
+        })
+
         # One value per answer row in TRL's completions table: the mean of its parsed confidences.
         per_answer = conf.view(-1, g_c)
         means = [
             row[~torch.isnan(row)].mean().item() if (~torch.isnan(row)).any() else None for row in per_answer
         ]
         self._logs["extra"]["confidence"].extend(means)  # gathered, like TRL's prompt/completion columns
+
+
+def _histogram_sinks(callbacks):
+    """`log(name, values, step)` for each active logger that takes histograms (TensorBoard, W&B)."""
+    from transformers.integrations import TensorBoardCallback, WandbCallback
+
+    sinks = []
+    for callback in callbacks:
+        if isinstance(callback, TensorBoardCallback) and getattr(callback, "tb_writer", None) is not None:
+            sinks.append(lambda name, values, step, w=callback.tb_writer: w.add_histogram(name, values, step))
+        elif isinstance(callback, WandbCallback) and getattr(callback, "_wandb", None) is not None:
+            wandb = callback._wandb
+            if wandb.run is not None:
+                sinks.append(lambda name, values, step, w=wandb: w.log({name: w.Histogram(values.tolist())}, commit=False))
+    return sinks
+
+
+def _get(obj, key):
+    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def _set(obj, key, value):
+    if isinstance(obj, dict):
+        obj[key] = value
+    else:
+        setattr(obj, key, value)
 
 
 def _check_dataset(dataset, split, solution_column):
