@@ -171,6 +171,15 @@ def test_lambdas_and_prompt_level_normalisation(tmp_path):
     torch.testing.assert_close(batch["advantages"][4:], expected, rtol=0, atol=1e-5)
 
 
+def test_confidence_scaling_ignores_the_answer_aggregation_mode(tmp_path):
+    """normalize_then_sum applies to the answer rewards; confidence rows keep their mean-only advantages."""
+    trainer = make_trainer(tmp_path, multi_objective_aggregation="normalize_then_sum")
+    _, batch, _ = run_one_step(trainer)
+    expected = torch.tensor([0.075, -0.075, 0.18, -0.18, -0.48875, 0.48875, 0.495, -0.495])
+    torch.testing.assert_close(batch["advantages"][4:], expected, rtol=0, atol=1e-5)
+    assert trainer.multi_objective_aggregation == "normalize_then_sum"  # restored
+
+
 def test_truncated_answer_gets_end_of_turn_in_turn_two(tmp_path):
     trainer = make_trainer(tmp_path)
     tok = trainer.processing_class

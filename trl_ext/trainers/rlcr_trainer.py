@@ -133,7 +133,8 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         saved = {
             name: getattr(self, name)
             for name in ("num_generations", "num_generations_eval", "reward_funcs", "reward_func_names",
-                         "reward_weights", "reward_processing_classes", "scale_rewards", "_logs")
+                         "reward_weights", "reward_processing_classes", "scale_rewards",
+                         "multi_objective_aggregation", "_logs")
         }
         self.num_generations = self.num_generations_eval = args.num_generations_confidence
         self.reward_funcs = [self._brier_reward]
@@ -141,6 +142,8 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self.reward_weights = torch.ones(1)
         self.reward_processing_classes = [None]
         self.scale_rewards = args.confidence_scale_rewards
+        # one reward: "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides by std)
+        self.multi_objective_aggregation = "sum_then_normalize"
         # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
         self._logs = {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
                       "extra": defaultdict(list)}
