@@ -1,5 +1,6 @@
 """Harness (c): two torchrun ranks (gloo) train plain GRPOTrainer for 2 steps and end with identical weights."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,25 @@ def test_runner_reports_a_missing_result(tmp_path):
     script.write_text("pass\n")
     with pytest.raises(RuntimeError, match="rank 0 wrote no result"):
         run_torchrun(script, nproc=2, timeout=120)
+
+
+def test_runner_reports_a_hang_and_kills_every_rank(tmp_path):
+    script = tmp_path / "hang.py"
+    pids = tmp_path / "pids"
+    script.write_text(f"import os, time\nopen({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\ntime.sleep(120)\n")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not finish in 10s"):
+        run_torchrun(script, nproc=2, timeout=10)
+    assert time.monotonic() - start < 60  # the ranks were killed, not waited for (they sleep 120 s)
+    ranks = [int(p) for p in pids.read_text().split()]
+    assert len(ranks) == 2
+    assert not any(_running(pid) for pid in ranks)  # no rank left running after a deadlock
+
+
+def _running(pid):
+    """Alive and not a zombie (a killed orphan may wait to be reaped by PID 1)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

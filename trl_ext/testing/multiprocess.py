@@ -21,6 +21,24 @@ RESULTS_ENV = "TRL_EXT_RANK_RESULTS_DIR"
 RankResults = list[dict]
 
 
+def _kill_tree(pid: int) -> None:
+    """Kill a process and all its descendants. torchrun starts each rank in a session of its own, so killing
+    torchrun or its process group would leave deadlocked ranks running."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        processes = parent.children(recursive=True) + [parent]  # collected before any is killed and reparented
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=10)
+
+
 def write_rank_result(result: dict) -> None:
     """Write this rank's JSON-serialisable `result` where [`run_torchrun`] collects it."""
     directory = os.environ.get(RESULTS_ENV)
@@ -56,12 +74,14 @@ def run_torchrun(
         }
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         cmd += [str(script), *args]
+        proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            output = (e.stdout or b"")[-6000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-6000:]
-            raise RuntimeError(f"torchrun did not finish in {timeout}s (deadlock?):\n{output}") from None
-        output = (proc.stdout + proc.stderr)[-12000:]
+            stdout, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            stdout, _ = proc.communicate()
+            raise RuntimeError(f"torchrun did not finish in {timeout}s (deadlock?):\n{stdout[-6000:]}") from None
+        output = stdout[-12000:]
         if proc.returncode != 0:
             raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{output}")
         results = []
