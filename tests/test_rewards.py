@@ -42,9 +42,9 @@ def _in_thread(func, *args):
         except BaseException as error:  # noqa: BLE001 - handed back to the test
             box["error"] = error
 
-    thread = threading.Thread(target=target)
+    thread = threading.Thread(target=target, daemon=True)  # a hung thread must not keep pytest from exiting
     thread.start()
-    thread.join(timeout=30)
+    thread.join(timeout=60)
     assert not thread.is_alive(), "worker thread did not finish"
     if "error" in box:
         raise box["error"]
@@ -266,15 +266,38 @@ ADVERSARIAL = [
 ]
 
 
+# Pairs that are harmless separately but make sympy's `simplify` run for minutes (or forever) together, or that
+# sympy evaluates while parsing.
+ADVERSARIAL_PAIRS = [
+    ("\\log(5+e)", "1000000"),
+    ("2\\log(2)+1", "9144344"),
+    ("10", "\\sin(128x)"),
+    ("10", "\\cos^{n}(\\frac{\\lfloor {20}^{18} \\rfloor}{\\log((16)(15))})"),
+    ("7", "\\sin(x+1)^{60}"),
+    ("7", "\\sin((x+1)^{4})"),
+    ("7", "\\sin(a+b+c+d+f+g+h)"),
+    ("7", "\\sin(x+y+1)\\cos(x+y+1)\\tan(x+y+1)\\sin(2x+y+1)"),
+    ("7", "\\sin(\\binom{e}{9})"),
+    ("42", "\\binom{18\\cdot 5}{\\sin(14)}"),
+    ("7", "e^{\\sin(9^{9^{9}})}"),
+    ("7", "e^{\\cos(99999!)}"),
+    ("7", "e^{10+\\cos^{\\arctan(4)}(({20}^{65} e^{1e203}!)(\\ln(7)))}"),
+    ("12", "\\frac{8}{4465270} \\log(18)"),
+    ("\\pi+\\sin(428805682394039)", "461697517868.352199^{9}^{7}"),
+    ("x=3", "[\\log(|\\tan(9)|)+5, \\log((483267)!))"),
+    ("x^2+1", "(\\exp(6848846333\\cdot 41.624), \\lfloor (10)^{95.229} \\rfloor)"),
+]
+
+
 @pytest.mark.parametrize("on_main_thread", [True, False], ids=["main-thread", "worker-thread"])
 def test_adversarial_answers_finish_fast(on_main_thread):
     def check_all():
         durations = {}
-        for text in ADVERSARIAL:
+        for gold, text in [("42", text) for text in ADVERSARIAL] + ADVERSARIAL_PAIRS:
             start = time.perf_counter()
-            assert verify_answer("42", text) is False
-            assert verify_answer(text, "42") is False
-            rewards = _call(accuracy_reward, [f"<think>x</think><answer>{text}</answer>"], solution=["42"])
+            assert verify_answer(gold, text) is False
+            assert verify_answer(text, gold) is False
+            rewards = _call(accuracy_reward, [f"<think>x</think><answer>{text}</answer>"], solution=[gold])
             assert rewards == [0.0]
             durations[text[:40]] = time.perf_counter() - start
         return durations
@@ -438,8 +461,15 @@ FRAGMENTS = [
     "%", ".", "0", "1", "5", "9", "85", "nan", "inf", "-", "e", "^", "**", "{", "}", "\\frac", "\\boxed{", "$", " ",
     "\n", "\ufffd", "\x00", "1e400", "9" * 50,
 ]  # fmt: skip
+MATH_FRAGMENTS = [
+    "\\frac{", "}{", "}", "{", "^", "_", "\\sqrt", "(", ")", "[", "]", "|", "\\sin", "\\cos", "\\log", "\\ln", "e",
+    "x", "!", "\\binom", "\\pi", "\\infty", "+", "-", "*", "**", "/", ",", "=", "%", "\\%", "$", "\\boxed{", "\\cdot",
+    "0", "1", "2", "9", "42", "99999", "1e400", ".", " ",
+]  # fmt: skip
 tagged_text = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=6), max_size=30).map("".join)
-any_text = st.text() | tagged_text
+math_text = st.lists(st.sampled_from(MATH_FRAGMENTS), min_size=1, max_size=25).map("".join)
+answered_text = math_text.map(lambda body: f"<think>t</think><answer>{body}</answer>")
+any_text = st.text() | tagged_text | answered_text
 completion = any_text | any_text.map(lambda text: [{"role": "assistant", "content": text}])
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -476,8 +506,11 @@ def test_cheap_rewards_fuzz(completions, data):
         _check_rewards(_call(func, completions, answer_correct=labels), len(completions))
 
 
+GOLDS = st.sampled_from(["42", "\\frac{1}{2}", "x^2+1", "(1, 2)", "Paris", "\\log(5+e)"]) | math_text | any_text
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(completion, st.sampled_from(["42", "\\frac{1}{2}", "x^2+1", "(1, 2)", "Paris"]) | any_text)
+@given(completion, GOLDS)
 def test_accuracy_reward_fuzz(completion_value, gold):
     _check_rewards(_call(accuracy_reward, [completion_value], solution=[gold]), 1)
     assert isinstance(verify_answer(gold, completion_text(completion_value)), bool)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .parsing import completion_text, extract_answer, extract_confidence, extract_tag, parse_confidence
+from .parsing import completion_text, extract_answer, extract_confidence, parse_confidence
 from .verify import verify_answer
 
 
@@ -72,7 +72,8 @@ def make_accuracy_reward(
 
     The gold answer is read from the `solution_column` dataset column (non-strings are converted with `str()`)
     and compared with `accuracy_func(gold, answer)`. A missing or empty answer tag (with `lenient`: and no number
-    in the text, see `extract_answer`), or an `accuracy_func` that raises, gives 0.0. A missing column raises `ValueError` (a configuration error).
+    in the text, see `extract_answer`), or an `accuracy_func` that raises, gives 0.0. A missing column raises
+    `ValueError` (a configuration error).
     """
     _tag_names_ok(answer_tag)
 

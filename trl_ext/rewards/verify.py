@@ -25,10 +25,10 @@ _MAX_BARS = 6
 _PARSING_TIMEOUT = 3
 _VERIFY_TIMEOUT = 3
 
-# Constructs that latex2sympy evaluates eagerly while parsing (binomials, determinants and other matrix
-# operations, gcd/lcm via nsimplify, the gamma function) or that sympy evaluates expensively while comparing
-# (sums, products, integrals, limits). Text containing them is only compared by exact match: with no working
-# timeout off the main thread, a single `\binom{10^9}{5 \cdot 10^8}` would otherwise hang the caller.
+# Constructs that latex2sympy evaluates eagerly while parsing (determinants and other matrix operations, gcd/lcm
+# via nsimplify) or that sympy evaluates expensively while comparing (sums, products, integrals, limits). Text
+# containing them is only compared by exact match: there is no working timeout off the main thread, and even on
+# it SIGALRM cannot interrupt one long big-integer operation.
 _UNSAFE_TEXT_RE = re.compile(r"\\(?:det|gcd|lcm|operatorname|sum|prod|i*int|oint|lim|begin)|matrix")
 # Binomials and the gamma function are evaluated while parsing (even with symbolic or transcendental arguments:
 # \binom{90}{\sin(14)}), which is only cheap when the whole answer is one of them with small literal arguments.
@@ -39,13 +39,17 @@ _EAGER_LITERAL_RE = re.compile(
 )
 # Scientific notation with a huge exponent ("1E999999999"): sympy turns it into an exact rational while parsing.
 _HUGE_E_NOTATION_RE = re.compile(r"[0-9.]\s*[eE]\s*[+-]?\s*[0-9]{5}")
-# latex2sympy builds e^{...} with an evaluating `exp`, whose assumption checks evaluate the argument numerically
-# while parsing: e^{\cos(99999!)} or e^{\sin(9^{9^{9}})} never finish. So texts may not combine an exponential
-# with a factorial, factorials of literals are short, and exponents may not be numeric towers ("9^{9^{9}}", with
-# the inner base a number or a bracket), factorials, exponentials or long literal numbers ("10^{123456}").
-_LARGE_FACTORIAL_RE = re.compile(r"[0-9]{4,}\s*!")
+# latex2sympy builds e^{...} with an evaluating `exp`, and compares interval ends while parsing; both evaluate
+# numerically, so e^{\cos(99999!)}, e^{\sin(9^{9^{9}})} or (\exp(10^{11}), \lfloor 2 \rfloor) never finish. So
+# factorials are of small numbers; exponents may not be numeric towers ("9^{9^{9}}", the inner base a number or a
+# bracket), factorials, exponentials or long literal numbers ("10^{123456}"); and a text with an exponential has
+# no factorial, no power of a number or bracket, and few digits.
+_LARGE_NUMBER_RE = re.compile(r"[0-9]{4,}")
+_MAX_FACTORIAL_OPERAND_RE = re.compile(r"[0-9]{4,}|[\^!]|\\exp")
 _EXPONENTIAL_RE = re.compile(r"e\s*\^|\\exp")
+_NUMERIC_POWER_RE = re.compile(r"[0-9)}\]]\s*\^")
 _TOWER_EXPONENT_RE = re.compile(r"[0-9)}\]]\s*\^|!|\\exp|[0-9]{5}")
+_MAX_EXPONENTIAL_DIGITS = 6
 
 # Limits for the parsed sympy expressions (see `_measure`).
 _MAX_NODES = 300
@@ -60,11 +64,12 @@ _MAX_TRIG_ARGUMENT_TERMS = 3
 _MAX_COMPOUND_TRIG = 2
 _MAX_COMPOUND_TRIG_POWER = 2
 # trigsimp also applies double-angle formulas recursively: sin(128 x) or cos(2**36 / log(3)) explode, so integers
-# inside a trigonometric argument (other than a rational multiple of pi) stay below this.
-_MAX_TRIG_COEFFICIENT = 100
-# `simplify` on an expression with log/exp next to a large number (log(5 + e) - 1000000) builds e**1000000-like
-# numbers: pairs involving logarithms or exponentials may only contain numbers below 10**this.
-_MAX_LOG_PAIR_MAGNITUDE = 5.0
+# inside a trigonometric argument (other than a rational multiple of pi) stay below about 150.
+_MAX_TRIG_COEFFICIENT_MAGNITUDE = math.log10(150)
+# `simplify` on an expression with log/exp/trig next to a large number (log(5 + e) - 1000000, 8/4465270 * log(18),
+# pi + sin(428805682394039) - 4.6e11**63) builds e**1000000-like numbers or factors huge integers: pairs involving
+# such functions may only contain numbers below 10**this, written with at most this many digits.
+_MAX_TRANSCENDENTAL_PAIR_MAGNITUDE = 5.0
 _LOG10_2 = math.log10(2)
 _LOG10_E = math.log10(math.e)
 
@@ -122,12 +127,13 @@ class _Size:
     """Upper bounds describing how expensive an expression is to evaluate, compare and simplify."""
 
     digits: float  # decimal digits of the exact numbers involved
-    magnitude: float  # log10 |value|; symbols count as magnitude 10
+    magnitude: float  # log10 |value|; a symbol counts as |value| <= 10
     numeric: bool  # no free symbols
     rational: bool  # a rational number that sympy evaluates exactly (no symbols, functions, roots or constants)
     terms: float  # number of terms after full expansion
     compound_trig: bool = False  # contains a trigonometric function of a sum
-    logarithmic: bool = False  # contains log or exp
+    transcendental: bool = False  # contains log, exp or a trigonometric function
+    literal_digits: float = 1.0  # decimal digits of the longest number literal (numerator or denominator)
 
 
 def _integer_digits(value: int) -> float:
@@ -162,16 +168,25 @@ def _expansion_terms(terms: float, exponent: float) -> float:
 
 
 def _check_trig_coefficients(argument: Any) -> None:
-    """Raise `_Unsafe` if a trigonometric argument holds an integer that trigsimp could halve many times."""
-    from sympy import Rational, pi
+    """Raise `_Unsafe` if a trigonometric argument holds a large number that trigsimp could halve many times.
 
-    if getattr(argument, "is_Number", False):
+    Plain numbers and rational multiples of pi are fine (sympy evaluates those directly); elsewhere every number
+    in the argument, other than a denominator, must stay below about 150 in absolute value.
+    """
+    from sympy import Add, Mul, Pow, pi
+
+    if getattr(argument, "is_Number", False) or getattr(argument / pi, "is_Rational", False):
         return
-    coefficient, rest = argument.as_coeff_Mul()
-    if rest is pi and getattr(coefficient, "is_Number", False):
-        return
-    for atom in argument.atoms(Rational):
-        if abs(atom.p) > _MAX_TRIG_COEFFICIENT or atom.q > _MAX_TRIG_COEFFICIENT:
+    pending = [argument]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, Pow) and node.exp.is_Number and node.exp.is_negative:
+            if not node.base.is_Number:
+                pending.append(node.base)
+            continue  # a number as denominator: cos(x / 256) is harmless
+        if isinstance(node, (Add, Mul)) or getattr(node, "free_symbols", None):
+            pending.extend(getattr(node, "args", ()))
+        elif _measure(node, [_MAX_NODES, _MAX_COMPOUND_TRIG]).magnitude > _MAX_TRIG_COEFFICIENT_MAGNITUDE:
             raise _Unsafe
 
 
@@ -192,16 +207,21 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
         raise _Unsafe
     if isinstance(expr, Integer):
         value = int(expr)
-        return _Size(_integer_digits(value), abs(value).bit_length() * _LOG10_2, True, True, 1.0)
+        digits = _integer_digits(value)
+        return _Size(digits, abs(value).bit_length() * _LOG10_2, True, True, 1.0, literal_digits=digits)
     if isinstance(expr, Rational):
         numerator, denominator = _integer_digits(int(expr.p)), _integer_digits(int(expr.q))
-        return _Size(max(numerator, denominator), max(0.0, numerator - denominator + 1), True, True, 1.0)
+        digits = max(numerator, denominator)
+        return _Size(digits, max(0.0, numerator - denominator + 1), True, True, 1.0, literal_digits=digits)
     if isinstance(expr, Float):
         _sign, mantissa, exponent, bit_count = expr._mpf_
         if not mantissa:  # zero, or nan/inf (which sympy represents with an empty mantissa)
             return _Size(1.0, 0.0, True, True, 1.0)
         magnitude = (exponent + bit_count) * _LOG10_2
-        return _Size(max(1.0, abs(magnitude), expr._prec * _LOG10_2), max(0.0, magnitude), True, True, 1.0)
+        digits = max(1.0, abs(magnitude))
+        return _Size(
+            max(digits, expr._prec * _LOG10_2), max(0.0, magnitude), True, True, 1.0, literal_digits=digits
+        )
     if isinstance(expr, Symbol):
         return _Size(1.0, 1.0, False, False, 1.0)
     args = getattr(expr, "args", ())
@@ -222,7 +242,12 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
     rational = False
     largest = max(part.magnitude for part in parts)
     compound_trig = any(part.compound_trig for part in parts)
-    logarithmic = is_exp or name in _LOGARITHMIC_FUNCTIONS or any(part.logarithmic for part in parts)
+    transcendental = (
+        is_exp
+        or name in _LOGARITHMIC_FUNCTIONS
+        or name in _TRIG_FUNCTIONS
+        or any(part.transcendental for part in parts)
+    )
     if name in _TRIG_FUNCTIONS:
         if parts[0].terms > 1:
             budget[1] -= 1
@@ -266,7 +291,8 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
         terms = 1.0 if is_function else sum(part.terms for part in parts)
     if digits > _MAX_DIGITS or magnitude > _MAX_DIGITS or terms > _MAX_TERMS:
         raise _Unsafe
-    return _Size(digits, magnitude, numeric, rational, terms, compound_trig, logarithmic)
+    literal_digits = max(part.literal_digits for part in parts)
+    return _Size(digits, magnitude, numeric, rational, terms, compound_trig, transcendental, literal_digits)
 
 
 def _expression_size(expr: Any) -> _Size | None:
@@ -280,9 +306,12 @@ def _expression_size(expr: Any) -> _Size | None:
 
 
 def _pair_is_safe(gold: _Size, prediction: _Size) -> bool:
-    """Whether comparing two individually safe expressions is safe too (see `_MAX_LOG_PAIR_MAGNITUDE`)."""
-    if gold.logarithmic or prediction.logarithmic:
-        return max(gold.magnitude, prediction.magnitude) <= _MAX_LOG_PAIR_MAGNITUDE
+    """Whether comparing two individually safe expressions is safe too (see `_MAX_TRANSCENDENTAL_PAIR_MAGNITUDE`)."""
+    if gold.transcendental or prediction.transcendental:
+        # Magnitudes only count for numbers: symbols make them a loose bound, and symbolic terms stay symbolic.
+        sizes = [size.literal_digits for size in (gold, prediction)]
+        sizes += [size.magnitude for size in (gold, prediction) if size.numeric]
+        return max(sizes) <= _MAX_TRANSCENDENTAL_PAIR_MAGNITUDE
     return True
 
 
@@ -319,6 +348,31 @@ def _exponents(text: str) -> list[str]:
     return exponents
 
 
+def _factorials_are_small(text: str) -> bool:
+    """Whether every factorial in `text` applies to a number below 1000, a letter, or a bracketed group without
+    large numbers, powers, factorials or exponentials ("(n-1)!" is fine, "(483267)!" and "(10^{10})!" are not)."""
+    for match in re.finditer(r"!", text):
+        before = text[: match.start()].rstrip()
+        if not before:
+            continue
+        if before[-1] == "!":  # a factorial of a factorial
+            return False
+        if before[-1] in ")}]":
+            depth, start = 0, 0
+            for index in range(len(before) - 1, -1, -1):
+                depth += {")": 1, "}": 1, "]": 1, "(": -1, "{": -1, "[": -1}.get(before[index], 0)
+                if depth == 0:
+                    start = index
+                    break
+            if _MAX_FACTORIAL_OPERAND_RE.search(before[start:]) is not None:
+                return False
+        elif before[-1].isdigit():
+            digits = re.search(r"[0-9.,\s]*$", before).group(0)
+            if _LARGE_NUMBER_RE.search(re.sub(r"[.,\s]", "", digits)) is not None:
+                return False
+    return True
+
+
 def _text_is_safe(text: str) -> bool:
     """Whether `text` is short and free of constructs that make latex2sympy or sympy do unbounded work."""
     if not 0 < len(text) <= MAX_VERIFY_CHARS:
@@ -327,7 +381,13 @@ def _text_is_safe(text: str) -> bool:
         return False
     if text.count("|") > _MAX_BARS or _bracket_depth(text) > _MAX_BRACKET_DEPTH:
         return False
-    if "!" in text and (_LARGE_FACTORIAL_RE.search(text) is not None or _EXPONENTIAL_RE.search(text) is not None):
+    if "!" in text and not _factorials_are_small(text):
+        return False
+    if _EXPONENTIAL_RE.search(text) is not None and (
+        "!" in text
+        or _NUMERIC_POWER_RE.search(text) is not None
+        or sum(char.isdigit() for char in text) > _MAX_EXPONENTIAL_DIGITS
+    ):
         return False
     if "^" in text and any(_TOWER_EXPONENT_RE.search(exponent) for exponent in _exponents(text)):
         return False
