@@ -1,0 +1,547 @@
+"""GRPO with experience replay of successful trajectories (SPEC §3, ExGRPO-style).
+
+Each generation batch runs through `GRPOTrainer._generate_and_score_completions`. Before it, the trainer plans the
+batch identically on every process (from gathered task ids and an identical buffer): once replay is active,
+`exp_ratio` of the groups become replay groups of buffered tasks, whose last `k` rows are stored trajectories; retired
+tasks are swapped out. During it, the generation seam generates only the fresh rows and splices the stored completion
+ids in, so TRL re-scores every row with the current reward functions and normalises advantages inside each group.
+After it, the trainer marks the off-policy tokens (`exp_mask`), puts the recorded log-probs in `old_per_token_logps`
+and feeds the fresh rows' outcomes to the `ExperienceManager`.
+
+The loss is GRPOTrainer's on the on-policy tokens (its own `_compute_loss`, off-policy rows masked out) plus a
+dual-clip or shaping loss on the off-policy tokens that reuses the same forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from itertools import zip_longest
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+
+from ..core.experience import (
+    ExperienceManager,
+    GroupOutcome,
+    Trajectory,
+    masked_mean_entropy,
+    success_bucket,
+    task_id_of,
+)
+from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
+from .replay_config import ReplayGRPOConfig
+
+
+STATE_FILE = "replay_state.pt"
+
+
+@dataclass
+class ReplayPlan:
+    """How one generation batch is filled, identical on every process."""
+
+    local_inputs: list[dict]
+    stored: list[Trajectory | None]
+    """Per local row: the stored trajectory it replays, or None for a fresh rollout."""
+    stored_prompt_ids: list[list[int] | None]
+    group_tasks: list[str]
+    """Task id of every group of the gathered batch, after replacement."""
+    global_stored: list[bool]
+    fresh_max: int
+    """Most fresh rows any process generates (the others pad up to it)."""
+    offset: int
+    num_replay_groups: int = 0
+    retired_replaced: int = 0
+    retired_kept: int = 0
+    _has_replay: bool = field(init=False, default=False)
+
+    def __post_init__(self):
+        self._has_replay = any(self.global_stored)
+
+    @property
+    def has_replay(self) -> bool:
+        return self._has_replay
+
+
+class ReplayGRPOTrainer(GRPOTrainer):
+    """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
+
+    Args:
+        model, reward_funcs: As [`~trl.GRPOTrainer`]. Success is read from `args.success_reward` (default: the first
+            reward function).
+        args: A [`ReplayGRPOConfig`].
+        **kwargs: `train_dataset`, `eval_dataset`, `processing_class`, `reward_processing_classes`, `callbacks`,
+            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. Text prompts only (no tools, rollout_func or
+            images). A `args.task_id_column` column gives stable task ids; otherwise the prompt is hashed.
+
+    Batch keys added once replay groups exist: `exp_mask` (B, T), 1 on off-policy completion tokens, and
+    `old_per_token_logps` holding the recorded log-probs on those rows. `trainer.experience` is the buffer.
+    """
+
+    _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
+    _name = "Replay GRPO"
+    _paper = {
+        "title": "ExGRPO: Learning to Reason from Experience",
+        "id": "2510.02245",
+        "citation": textwrap.dedent(
+            """\
+            @article{zhan2025exgrpo,
+                title        = {{ExGRPO: Learning to Reason from Experience}},
+                author       = {Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng},
+                year         = 2025,
+                journal      = {arXiv preprint arXiv:2510.02245}
+            }"""
+        ),
+    }
+
+    def __init__(self, model, reward_funcs, args: ReplayGRPOConfig | None = None, **kwargs):
+        if args is None:
+            args = ReplayGRPOConfig("Replay-GRPO")
+        if not isinstance(args, ReplayGRPOConfig):
+            raise TypeError(f"args must be a ReplayGRPOConfig, got {type(args).__name__}.")
+        for unsupported in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"ReplayGRPOTrainer replays single-turn completions; `{unsupported}` is not supported.")
+        super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
+
+        if args.success_reward is None:
+            self._success_index = 0
+        elif args.success_reward in self.reward_func_names:
+            self._success_index = self.reward_func_names.index(args.success_reward)
+        else:
+            raise ValueError(
+                f"success_reward={args.success_reward!r} is not a reward function name; choose one of "
+                f"{self.reward_func_names}."
+            )
+        self.experience = ExperienceManager(
+            num_generations=self.num_generations,
+            experience_lbound=args.experience_lbound,
+            experience_rbound=args.experience_rbound,
+            select_mode=args.exp_select_mode,
+            max_trajectories_per_task=args.max_trajectories_per_task,
+            max_buffer_tokens=args.max_buffer_tokens,
+            max_policy_lag=args.max_policy_lag,
+            bucket_weighting=args.bucket_weighting,
+            seed=args.seed,
+        )
+        self.replay_active = False
+        self._plan: ReplayPlan | None = None  # set while a training batch generates
+        self._last_rewards_per_func = None
+        self._capture_forward = None  # list receiving (logps, entropies) of the next policy forward
+
+    # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
+    def _tokenize_prompts(self, prompts):
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        if self._plan is not None and self._plan.has_replay:
+            # Stored trajectories keep the prompt ids their log-probs were recorded with.
+            prompt_ids = [
+                stored if stored is not None else ids
+                for ids, stored in zip(prompt_ids, self._plan.stored_prompt_ids, strict=True)
+            ]
+        return prompt_ids, images, multimodal_fields
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._last_rewards_per_func
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        capture = self._capture_forward
+        if capture is None:
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        self._capture_forward = None  # only the first (policy) forward: a reference-model pass may follow
+        kwargs["compute_entropy"] = True
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        capture.extend([logps, entropies])
+        return logps, entropies, aux
+
+    @contextmanager
+    def _fresh_generation(self, plan: ReplayPlan):
+        """Route generation through a splice: generate the fresh rows only, insert stored completions.
+
+        Wraps whatever `_generate_single_turn` is current (TRL's, or a test script), at instance level, for one call
+        of `_generate_and_score_completions`. Every process generates `plan.fresh_max` rows (padding with repeats of a
+        local prompt), one sample per row, so vLLM server mode slices the same row counts on every process.
+        """
+        inner = self._generate_single_turn
+        shadowed = "_generate_single_turn" in self.__dict__
+
+        def splice(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            if images is not None or multimodal_fields:
+                raise ValueError("ReplayGRPOTrainer supports text prompts only.")
+            fresh = [i for i, stored in enumerate(plan.stored) if stored is None]
+            padding = plan.fresh_max - len(fresh)
+            rows = [prompt_ids[i] for i in fresh] + [prompt_ids[fresh[0] if fresh else 0]] * padding
+            completions, logprobs = inner(rows, None, {}, 1) if rows else ([], None)
+            out_ids, out_logprobs = [], []
+            fresh_iter = iter(range(len(fresh)))
+            for stored in plan.stored:
+                if stored is None:
+                    j = next(fresh_iter)
+                    out_ids.append(completions[j])
+                    out_logprobs.append(logprobs[j] if logprobs is not None else None)
+                else:
+                    out_ids.append(stored.completion_ids.tolist())
+                    # NaN: TRL gives these tokens no sampler correction (ratio 1) and leaves them out of its metrics.
+                    out_logprobs.append([float("nan")] * stored.num_tokens)
+            return out_ids, (out_logprobs if logprobs is not None else None)
+
+        if plan.has_replay:
+            self._generate_single_turn = splice
+        try:
+            yield
+        finally:
+            if plan.has_replay:
+                if shadowed:
+                    self._generate_single_turn = inner
+                else:
+                    del self._generate_single_turn
+
+    # -- the batch -----------------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:  # evaluation: plain GRPO, the buffer is neither used nor fed
+            return super()._generate_and_score_completions(inputs)
+        args = self.args
+        if not self.replay_active and self.state.max_steps > 0:
+            self.replay_active = self.state.global_step / self.state.max_steps >= args.replay_start_ratio
+
+        plan = self._plan_batch(list(inputs))
+        self._plan = plan
+        capture = []
+        self._capture_forward = capture
+        try:
+            with self._fresh_generation(plan):
+                output = super()._generate_and_score_completions(plan.local_inputs)
+        finally:
+            self._plan = None
+            self._capture_forward = None
+
+        if not (capture and capture[0] is output.get("old_per_token_logps")):
+            capture = []  # TRL computed no old log-probs; the forward caught, if any, was the reference model's
+        success = self._success(self._last_rewards_per_func)
+        fresh = ~torch.tensor(plan.global_stored, device=success.device)
+        solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
+        logps, entropies = capture if capture else (None, None)
+
+        if plan.has_replay and logps is None:
+            # TRL skipped old log-probs (aligned steps, no vLLM); on-policy rows need them next to the recorded ones.
+            logps, entropies = self._policy_logps_and_entropies(output, range(len(plan.local_inputs)))
+        outcomes = self._outcomes(plan, output, success, logps, entropies)
+        self.experience.update(outcomes, self.state.global_step)
+
+        if plan.has_replay:
+            self._add_replay_keys(output, plan, logps)
+        if args.replay_start_solve_rate is not None and solve_rate > args.replay_start_solve_rate:
+            self.replay_active = True
+        self._log_batch(plan, output, solve_rate)
+        return output
+
+    def _plan_batch(self, inputs: list[dict]) -> ReplayPlan:
+        """Decide replay groups, their trajectories and retired-task replacements, identically on every process."""
+        args, n, k = self.args, self.num_generations, self.args.offpolicy_trajectories_per_task
+        if any("image" in x or "images" in x for x in inputs[:1]):
+            raise ValueError("ReplayGRPOTrainer supports text prompts only; the dataset has an image column.")
+        local_count = len(inputs)
+        offset = self.accelerator.process_index * local_count
+        examples = gather_object(inputs)
+        task_ids = [task_id_of(x, args.task_id_column) for x in examples]
+        num_groups = len(examples) // n
+        group_tasks = [task_ids[g * n] for g in range(num_groups)]
+        group_examples = [examples[g * n] for g in range(num_groups)]
+        stored: list[Trajectory | None] = [None] * len(examples)
+        stored_prompts: list[list[int] | None] = [None] * len(examples)
+        rng = self.experience.rng
+
+        retired = [g for g in range(num_groups) if group_tasks[g] in self.experience.retired]
+        replay = {}
+        if self.replay_active:
+            target = int(math.floor(args.exp_ratio * num_groups + 0.5))
+            owner = [(g * n) // local_count for g in range(num_groups)]
+            by_rank: dict[int, list[int]] = {}
+            for g in range(num_groups):
+                if g not in retired:
+                    by_rank.setdefault(owner[g], []).append(g)
+            for groups in by_rank.values():
+                rng.shuffle(groups)
+            # Round robin over processes, so each generates about as many fresh rows as the others (less padding).
+            balanced = [g for rnd in zip_longest(*by_rank.values()) for g in rnd if g is not None]
+            candidates = retired + balanced[: max(target - len(retired), 0)]
+            tasks = self.experience.sample_tasks(len(candidates), k, self.state.global_step, exclude=group_tasks)
+            replay = dict(zip(candidates, tasks))
+        for g, task in replay.items():
+            group_tasks[g] = task
+            group_examples[g] = self.experience.task_examples[task]
+            trajectories = self.experience.select_trajectories(task, k, self.state.global_step)
+            for j, trajectory in enumerate(trajectories):
+                row = g * n + n - k + j
+                stored[row] = trajectory
+                stored_prompts[row] = self.experience.task_prompt_ids[task].tolist()
+
+        # Retired tasks left without a replay task take the prompt of another group of the batch.
+        donors = [g for g in range(num_groups) if g not in replay and group_tasks[g] not in self.experience.retired]
+        replaced = kept = 0
+        for g in retired:
+            if g in replay:
+                replaced += 1
+            elif donors:
+                donor = donors[rng.randrange(len(donors))]
+                group_tasks[g], group_examples[g] = group_tasks[donor], group_examples[donor]
+                replaced += 1
+            else:
+                kept += 1
+
+        local = range(offset, offset + local_count)
+        new_inputs = [
+            inputs[i - offset] if group_tasks[i // n] == task_ids[i] else dict(group_examples[i // n]) for i in local
+        ]
+        fresh_counts = [
+            sum(1 for i in range(r * local_count, (r + 1) * local_count) if stored[i] is None)
+            for r in range(self.accelerator.num_processes)
+        ]
+        return ReplayPlan(
+            local_inputs=new_inputs,
+            stored=[stored[i] for i in local],
+            stored_prompt_ids=[stored_prompts[i] for i in local],
+            group_tasks=group_tasks,
+            global_stored=[s is not None for s in stored],
+            fresh_max=max(fresh_counts),
+            offset=offset,
+            num_replay_groups=len(replay),
+            retired_replaced=replaced,
+            retired_kept=kept,
+        )
+
+    def _success(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        values = rewards_per_func[:, self._success_index]
+        target = torch.full_like(values, self.args.success_value)
+        return torch.isclose(values, target) & ~torch.isnan(values)
+
+    def _policy_logps_and_entropies(self, output, rows):
+        """Per-token log-probs and entropies of the policy on local `rows`, one no-grad forward.
+
+        Every process passes the same number of rows (padding with repeats), so a forward that is collective under
+        DeepSpeed ZeRO-3 stays in step. Returns (B, T) tensors; rows not asked for are zero.
+        """
+        rows = list(rows)
+        counts = self.accelerator.gather(torch.tensor([len(rows)], device=self.accelerator.device))
+        most = int(counts.max().item())
+        completion_ids = output["completion_ids"]
+        logps = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
+        entropies = torch.zeros_like(logps)
+        if most == 0:
+            return logps, entropies
+        padded = rows + [rows[0] if rows else 0] * (most - len(rows))
+        index = torch.tensor(padded, device=completion_ids.device)
+        input_ids = torch.cat([output["prompt_ids"][index], completion_ids[index]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"][index], output["completion_mask"][index]], dim=1)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            part_logps, part_entropies, _ = super()._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+                compute_entropy=True,
+            )
+        if rows:
+            logps[index[: len(rows)]] = part_logps[: len(rows)].float()
+            entropies[index[: len(rows)]] = part_entropies[: len(rows)].float()
+        return logps, entropies
+
+    def _outcomes(self, plan: ReplayPlan, output, success, logps, entropies) -> list[GroupOutcome]:
+        """Per group of the gathered batch: fresh successes and, for tasks in the collection window, the successful
+        fresh rollouts with their log-probs and mean entropies (gathered from the processes that hold them)."""
+        n, exp = self.num_generations, self.experience
+        local_count = len(plan.local_inputs)
+        outcomes, wanted = [], set()
+        for g, task in enumerate(plan.group_tasks):
+            rows = [i for i in range(g * n, (g + 1) * n) if not plan.global_stored[i]]
+            wins = [i for i in rows if success[i]]
+            outcomes.append(GroupOutcome(task, len(wins), len(rows)))
+            bucket = success_bucket(len(wins), len(rows), n)
+            if len(wins) < len(rows) and exp.lbound < bucket < exp.rbound:
+                wanted.update(wins)
+        local_rows = [i - plan.offset for i in sorted(wanted) if plan.offset <= i < plan.offset + local_count]
+        if not wanted:
+            return outcomes
+        if logps is None:
+            logps, entropies = self._policy_logps_and_entropies(output, local_rows)
+        completion_mask = output["completion_mask"]
+        records = []
+        for i in local_rows:
+            length = int(completion_mask[i].sum().item())
+            if length == 0:  # masked out (e.g. truncated with mask_truncated_completions): nothing to replay
+                continue
+            prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()]
+            reward = float(torch.nansum(self._last_rewards_per_func[plan.offset + i] * self.reward_weights.to(
+                self._last_rewards_per_func.device)).item())
+            records.append(
+                (
+                    plan.offset + i,
+                    dict(
+                        completion_ids=output["completion_ids"][i, :length].cpu(),
+                        logps=logps[i, :length].detach().float().cpu(),
+                        reward=reward,
+                        entropy=float(masked_mean_entropy(entropies[i : i + 1], completion_mask[i : i + 1]).item()),
+                        policy_version=self.state.global_step,
+                    ),
+                    prompt.cpu(),
+                    plan.local_inputs[i],
+                )
+            )
+        by_row = {row: rest for row, *rest in gather_object(records)}
+        for g, outcome in enumerate(outcomes):
+            for row in range(g * n, (g + 1) * n):
+                if row in by_row:
+                    fields, prompt, example = by_row[row]
+                    outcome.candidates.append(Trajectory(task_id=outcome.task_id, **fields))
+                    outcome.prompt_ids, outcome.example = prompt, example
+        return outcomes
+
+    def _add_replay_keys(self, output, plan: ReplayPlan, logps):
+        completion_mask = output["completion_mask"]
+        exp_mask = torch.zeros_like(completion_mask)
+        old = output.get("old_per_token_logps")
+        old = (old if old is not None else logps).clone()
+        for i, trajectory in enumerate(plan.stored):
+            if trajectory is None:
+                continue
+            length = trajectory.num_tokens
+            exp_mask[i, :length] = completion_mask[i, :length]
+            if self.args.exp_is_correct:
+                old[i, :length] = trajectory.logps.to(old.device, old.dtype)
+        output["exp_mask"] = exp_mask
+        output["old_per_token_logps"] = old
+
+    # -- the loss --------------------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        if "exp_mask" not in inputs:
+            return super()._compute_loss(model, inputs)
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        exp_mask = inputs["exp_mask"]
+        base = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        on_mask, off_mask = base * (1 - exp_mask), base * exp_mask
+        tool_mask = inputs["tool_mask"] if "tool_mask" in inputs else torch.ones_like(exp_mask)
+        on_inputs = {**inputs, "tool_mask": tool_mask * (1 - exp_mask)}
+
+        capture = []
+        self._capture_forward = capture
+        try:
+            on_loss = super()._compute_loss(model, on_inputs)
+        finally:
+            self._capture_forward = None
+        per_token_logps = capture[0]
+
+        recorded = inputs["old_per_token_logps"] if args.exp_is_correct else None
+        log_ratio, clamped = importance_log_ratio(per_token_logps, recorded)
+        off_token_loss = off_policy_token_loss(
+            log_ratio,
+            inputs["advantages"],
+            mode=args.off_policy_loss,
+            epsilon_low=self.epsilon_low,
+            cliprange_high=args.off_cliprange_high,
+            clip_ratio_c=args.clip_ratio_c,
+            shaping_beta=args.shaping_beta,
+        )
+        if self.beta != 0.0:
+            ref = inputs["ref_per_token_logps"]
+            off_token_loss = off_token_loss + self.beta * (
+                torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+            )
+        loss = add_off_policy_loss(
+            on_loss,
+            off_token_loss,
+            on_mask,
+            off_mask,
+            self.loss_type,
+            accumulation_steps=self.current_gradient_accumulation_steps,
+            max_completion_length=self.max_completion_length,
+            num_items_in_batch=inputs.get("num_items_in_batch"),
+            num_processes=self.accelerator.num_processes,
+            steps_per_generation=args.steps_per_generation,
+            training=mode == "train",
+        )
+        self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, inputs, on_mask, off_mask, clamped)
+        return loss
+
+    # -- metrics ---------------------------------------------------------------------------------------------------
+    def _log_loss(self, mode, on_loss, off_token_loss, log_ratio, per_token_logps, inputs, on_mask, off_mask, clamped):
+        # Collective calls in the same order on every process, whether or not it holds off-policy rows.
+        off = off_mask.bool()
+        ratio = torch.exp(log_ratio.detach())
+        drift = (inputs["old_per_token_logps"] - per_token_logps.detach()).abs()
+        big = torch.finfo(ratio.dtype).max
+        sums = torch.stack(
+            [
+                off_mask.sum().float(),
+                (on_mask + off_mask).sum().float(),
+                ratio[off].sum(),
+                drift[off].sum(),
+                off_token_loss.detach()[off].sum(),
+                clamped.float().to(ratio.device),
+            ]
+        )
+        total = self.accelerator.reduce(sums, reduction="sum")
+        extremes = torch.stack(
+            [ratio[off].min() if off.any() else ratio.new_tensor(big), -(ratio[off].max() if off.any() else -big)]
+        )
+        extremes = self.accelerator.gather(extremes).view(-1, 2).min(dim=0).values
+        on = self.accelerator.gather(on_loss.detach().reshape(1)).mean()
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        metrics = self._metrics[mode]
+        num_off, num_all = total[0].item(), total[1].item()
+        metrics["replay/offpolicy_token_ratio"].append(num_off / max(num_all, 1.0))
+        metrics["replay/on_pg_loss"].append(on.item() * accumulation)
+        metrics["replay/log_ratio_clamped"].append(total[5].item())
+        if num_off > 0:
+            metrics["replay/importance_ratio_mean"].append(total[2].item() / num_off)
+            metrics["replay/importance_ratio_min"].append(extremes[0].item())
+            metrics["replay/importance_ratio_max"].append(-extremes[1].item())
+            metrics["replay/logp_drift"].append(total[3].item() / num_off)
+            metrics["replay/off_pg_loss"].append(total[4].item() / num_off)
+
+    def _log_batch(self, plan: ReplayPlan, output, solve_rate: float):
+        metrics = self._metrics["train"]
+        exp = self.experience
+        fresh_local = torch.tensor([s is None for s in plan.stored], device=output["completion_mask"].device)
+        fresh_tokens = (output["completion_mask"].sum(-1) * fresh_local).sum()
+        metrics["replay/active"].append(float(self.replay_active))
+        metrics["replay/replay_groups"].append(plan.num_replay_groups)
+        metrics["replay/fresh_tokens"].append(self.accelerator.gather(fresh_tokens.reshape(1)).sum().item())
+        metrics["replay/solve_rate"].append(solve_rate)
+        metrics["replay/retired_replaced"].append(plan.retired_replaced)
+        metrics["replay/retired_kept"].append(plan.retired_kept)
+        metrics["replay/buffer_tasks"].append(exp.num_tasks)
+        metrics["replay/buffer_trajectories"].append(exp.num_trajectories)
+        metrics["replay/buffer_bytes"].append(exp.nbytes)
+        metrics["replay/buffer_tokens"].append(exp.num_tokens)
+        metrics["replay/num_retired"].append(len(exp.retired))
+        for bucket in range(self.num_generations + 1):
+            metrics[f"replay/bucket/{bucket}"].append(len(exp.difficulty2task.get(bucket, ())))
+
+    # -- checkpoints -------------------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            state = {"experience": self.experience.state_dict(), "replay_active": self.replay_active}
+            torch.save(state, os.path.join(folder, STATE_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path} is missing: this checkpoint was not written by ReplayGRPOTrainer, so the replay buffer "
+                "cannot be restored."
+            )
+        state = torch.load(path, weights_only=False)  # our own file: buffer tensors, examples and RNG state
+        self.experience.load_state_dict(state["experience"])
+        self.replay_active = state["replay_active"]
