@@ -94,3 +94,24 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (out / "reliability_eval.png").is_file() and "eval" in json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny")
+    data = tmp_path / "data.csv"
+    Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(20)]).to_csv(data)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "recipes/replay_grpo.py"), "--model_name_or_path", model, "--dataset_path",
+           str(data), "--output_dir", str(out), "--use_cpu", "--bf16", "false", "--report_to", "none",
+           "--logging_steps", "1", "--max_completion_length", "6", "--max_steps", "3", "--per_device_train_batch_size",
+           "4", "--num_generations", "2", "--replay_start_ratio", "0", "--lenient_parsing", "--use_peft", "--lora_r",
+           "4", "--lora_target_modules", "q_proj", "v_proj", "--save_strategy", "steps", "--save_steps", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "checkpoint-3/replay_state.pt"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [s["step"] for s in metrics["steps"]] == [1, 2, 3]
+    assert all("buffer_trajectories" in s and s["accuracy"] is not None for s in metrics["steps"])
+    assert "buffer:" in proc.stdout

@@ -63,7 +63,7 @@ def test_replay_group_holds_fresh_rows_and_the_stored_trajectory(run):
 
 
 def test_stored_rows_are_rescored_and_advantages_are_in_group(run):
-    trainer, calls, batches, plans = run
+    trainer, _, batches, plans = run
     plan, batch = plans[1], batches[1]
     completions = texts(trainer, batch["completion_ids"], batch["completion_mask"])
     prompts = texts(trainer, batch["prompt_ids"], batch["prompt_mask"])
@@ -91,7 +91,7 @@ def test_fewer_tokens_are_generated_in_replay_batches(run):
 
 
 def test_retired_task_is_not_trained_as_an_ordinary_prompt(run):
-    trainer, calls, batches, plans = run
+    trainer, calls, _, plans = run
     # Step 1 has C and D; D succeeds in all 4 rollouts wherever it is a fresh group and is retired from then on.
     seen = [i for i, plan in enumerate(plans) if "D" in group_task_names(plan)]
     assert seen == [1], "D reaches generation once; afterwards its group is replaced"

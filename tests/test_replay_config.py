@@ -62,6 +62,6 @@ def test_wrong_args_type(tmp_path):
     from trl_ext.testing import tiny_causal_lm
     from trl_ext.trainers import ReplayGRPOTrainer
 
-    model, tokenizer = tiny_causal_lm()
+    model, _ = tiny_causal_lm()
     with pytest.raises(TypeError, match="ReplayGRPOConfig"):
         ReplayGRPOTrainer(model=model, reward_funcs=lambda **k: [0.0], args=cpu_test_args(tmp_path, GRPOConfig))

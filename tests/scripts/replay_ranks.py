@@ -13,9 +13,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from replay_world import make_trainer, scripted  # noqa: E402
+from replay_world import make_trainer, scripted
 
-from trl_ext.testing import write_rank_result  # noqa: E402
+from trl_ext.testing import write_rank_result
 
 
 def digest(model):

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-
 SELECT_MODES = ("argmin", "argmax", "random")
 BUCKET_WEIGHTINGS = ("uniform", "gaussian")
 
@@ -92,7 +91,7 @@ def success_bucket(successes: int, num_rollouts: int, num_generations: int) -> i
     """
     if num_rollouts == num_generations:
         return successes
-    return int(math.floor(successes * num_generations / num_rollouts + 0.5))
+    return math.floor(successes * num_generations / num_rollouts + 0.5)
 
 
 class ExperienceManager:

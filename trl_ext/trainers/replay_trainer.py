@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 import os
 import textwrap
-from itertools import zip_longest
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 import torch
 from accelerate.utils import gather_object
@@ -36,7 +36,6 @@ from ..core.experience import (
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
 from .replay_config import ReplayGRPOConfig
-
 
 STATE_FILE = "replay_state.pt"
 
@@ -259,7 +258,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         retired = [g for g in range(num_groups) if group_tasks[g] in self.experience.retired]
         replay = {}
         if self.replay_active:
-            target = int(math.floor(args.exp_ratio * num_groups + 0.5))
+            target = math.floor(args.exp_ratio * num_groups + 0.5)
             owner = [(g * n) // local_count for g in range(num_groups)]
             by_rank: dict[int, list[int]] = {}
             for g in range(num_groups):
@@ -487,9 +486,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
             ]
         )
         total = self.accelerator.reduce(sums, reduction="sum")
-        extremes = torch.stack(
-            [ratio[off].min() if off.any() else ratio.new_tensor(big), -(ratio[off].max() if off.any() else -big)]
-        )
+        lowest = torch.where(off, ratio, torch.full_like(ratio, big)).min()
+        highest = torch.where(off, ratio, torch.full_like(ratio, -big)).max()
+        extremes = torch.stack([lowest, -highest])
         extremes = self.accelerator.gather(extremes).view(-1, 2).min(dim=0).values
         on = self.accelerator.gather(on_loss.detach().reshape(1)).mean()
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1

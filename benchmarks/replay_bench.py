@@ -1,0 +1,201 @@
+"""ReplayGRPOTrainer benchmarks on the embedded default (SmolLM2-135M-Instruct, graded arithmetic), CPU.
+
+    python benchmarks/replay_bench.py overhead    # step time before replay starts vs plain GRPOTrainer
+    python benchmarks/replay_bench.py curves      # accuracy per step with and without replay, same seed
+
+Results: benchmarks/results/replay_<part>.json and .png.
+
+overhead: GRPOTrainer and ReplayGRPOTrainer with replay not yet started (it never starts in this run) train on the
+same prompts from the same seed with real generation, so both sample the same completions; the replay trainer also
+collects (log-probs and entropies of the successful rows, buffer update). Median `step_time` after one warm-up step,
+runs interleaved to spread machine noise. A second pair with scripted fixed-length completions excludes generation,
+the bound on the ratio when generation is free (as with a fast vLLM server).
+
+curves: the same run with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer):
+accuracy per step (the batch's mean accuracy reward, and its 4-step moving average), fresh tokens generated per
+step, steps until the replay run's moving average reaches the no-replay run's final moving average, and buffer
+bytes per stored token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_ext import default_model_path
+from trl_ext.data import graded_arithmetic
+from trl_ext.recipe import write_json
+from trl_ext.rewards import make_accuracy_reward, make_format_reward
+from trl_ext.testing import ScriptedGeneration, cpu_test_args
+from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
+
+RESULTS = Path(__file__).parent / "results"
+WINDOW = 4
+
+
+def load_model():
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
+
+
+def make_trainer(replay: bool, steps: int, learning_rate: float, **replay_args):
+    model, tokenizer = load_model()
+    common = dict(max_steps=steps, per_device_train_batch_size=8, num_generations=4, max_completion_length=32,
+                  temperature=1.0, learning_rate=learning_rate, lr_scheduler_type="constant", beta=0.0,
+                  gradient_checkpointing=False, reward_weights=[1.0, 0.5], seed=42)
+    rewards = [make_accuracy_reward(lenient=True), make_format_reward()]
+    data = graded_arithmetic(500, seed=42)
+    if replay:
+        args = cpu_test_args(tempfile.mkdtemp(), ReplayGRPOConfig, **common, **replay_args)
+        return ReplayGRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data,
+                                 processing_class=tokenizer)
+    args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, **common)
+    return GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer)
+
+
+def logged(trainer, key):
+    return [log[key] for log in trainer.state.log_history if key in log]
+
+
+# -- overhead -----------------------------------------------------------------------------------------------------
+def fixed_completion(tokenizer, n=32):
+    ids = tokenizer.encode("<think>3 plus 4 is 7.</think><answer>7</answer>", add_special_tokens=False)
+    return (ids + tokenizer.encode(" ok", add_special_tokens=False) * n)[: n - 1] + [tokenizer.eos_token_id]
+
+
+def overhead(steps: int, rounds: int) -> dict:
+    result = {"steps": steps, "rounds": rounds}
+    for scripted in (False, True):
+        times = {"grpo": [], "replay_before_start": []}
+        tokens = {"grpo": [], "replay_before_start": []}
+        for _ in range(rounds):
+            for name in times:
+                trainer = make_trainer(name != "grpo", steps + 1, 1e-6, replay_start_ratio=1.0)
+                if scripted:
+                    completion = fixed_completion(trainer.processing_class)
+                    with ScriptedGeneration(trainer, lambda p, k, completion=completion: completion):
+                        trainer.train()
+                else:
+                    trainer.train()
+                times[name] += logged(trainer, "step_time")[1:]
+                tokens[name] += logged(trainer, "num_tokens")[-1:]
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        result["scripted" if scripted else "real_generation"] = {
+            "step_times": times,
+            "median_step_time": medians,
+            "num_tokens": tokens,
+            "ratio": medians["replay_before_start"] / medians["grpo"],
+        }
+    plot_overhead(result, RESULTS / "replay_overhead.png")
+    return result
+
+
+def plot_overhead(result: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, part in zip(fig.subplots(1, 2), ("real_generation", "scripted")):
+        times = result[part]["step_times"]
+        ax.boxplot(list(times.values()), tick_labels=["GRPOTrainer", "Replay (before start)"])
+        ax.set_title(f"{part.replace('_', ' ')}: ratio {result[part]['ratio']:.3f}")
+        ax.set_ylabel("step time (s)")
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110)
+
+
+# -- curves -------------------------------------------------------------------------------------------------------
+def moving_average(values, window=WINDOW):
+    return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def curves(steps: int, replay_start: float, learning_rate: float) -> dict:
+    runs = {}
+    for name in ("no_replay", "replay"):
+        trainer = make_trainer(name == "replay", steps, learning_rate, replay_start_ratio=replay_start)
+        trainer.train()
+        accuracy = logged(trainer, "rewards/accuracy/mean")
+        run = {"accuracy": accuracy, "accuracy_moving_average": moving_average(accuracy),
+               "completion_tokens": [round(m * 8) for m in logged(trainer, "completions/mean_length")]}
+        if name == "replay":
+            exp = trainer.experience
+            run.update(
+                fresh_tokens=logged(trainer, "replay/fresh_tokens"),
+                replay_groups=logged(trainer, "replay/replay_groups"),
+                importance_ratio_mean=logged(trainer, "replay/importance_ratio_mean"),
+                buffer_trajectories=logged(trainer, "replay/buffer_trajectories"),
+                buffer_bytes=exp.nbytes,
+                buffer_tokens=exp.num_tokens,
+                buffer_bytes_per_token=exp.nbytes / max(exp.num_tokens, 1),
+            )
+        else:
+            run["fresh_tokens"] = run["completion_tokens"]
+        runs[name] = run
+    target = runs["no_replay"]["accuracy_moving_average"][-1]
+    reached = next((i + 1 for i, a in enumerate(runs["replay"]["accuracy_moving_average"]) if a >= target), None)
+    result = {
+        "steps": steps,
+        "replay_start_ratio": replay_start,
+        "learning_rate": learning_rate,
+        "no_replay_final_accuracy": target,
+        "replay_steps_to_reach_it": reached,
+        "steps_ratio": None if reached is None else reached / steps,
+        "mean_fresh_tokens_per_step": {k: statistics.mean(v["fresh_tokens"]) for k, v in runs.items()},
+        "runs": runs,
+    }
+    plot_curves(result, RESULTS / "replay_curves.png")
+    return result
+
+
+def plot_curves(result: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 3.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_acc, ax_tok, ax_buf = fig.subplots(1, 3)
+    start = result["replay_start_ratio"] * result["steps"]
+    for name, run in result["runs"].items():
+        steps = range(1, len(run["accuracy"]) + 1)
+        ax_acc.plot(steps, run["accuracy_moving_average"], label=f"{name} ({WINDOW}-step mean)")
+        ax_acc.plot(steps, run["accuracy"], alpha=0.25, linestyle=":")
+        ax_tok.plot(steps, run["fresh_tokens"], label=name)
+    replay = result["runs"]["replay"]
+    ax_buf.plot(range(1, len(replay["buffer_trajectories"]) + 1), replay["buffer_trajectories"])
+    for ax, title in ((ax_acc, "accuracy"), (ax_tok, "fresh tokens generated"), (ax_buf, "buffer trajectories")):
+        ax.axvline(start, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax_acc.legend(fontsize=8)
+    ax_tok.legend(fontsize=8)
+    fig.suptitle("Replay GRPO vs GRPO on the embedded default (dashed: replay starts)")
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=["overhead", "curves"])
+    parser.add_argument("--steps", type=int, default=None, help="measured steps (overhead: 4, curves: 24)")
+    parser.add_argument("--rounds", type=int, default=2, help="overhead: interleaved rounds per trainer")
+    parser.add_argument("--replay-start", type=float, default=0.25, help="curves: replay_start_ratio")
+    parser.add_argument("--learning-rate", type=float, default=1e-5, help="curves: learning rate")
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.part == "overhead":
+        result = overhead(args.steps or 4, args.rounds)
+    else:
+        result = curves(args.steps or 24, args.replay_start, args.learning_rate)
+    path = write_json(RESULTS / f"replay_{args.part}.json", result)
+    print({k: v for k, v in result.items() if k != "runs"})
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""GRPO with experience replay (ReplayGRPOTrainer): successful past trajectories with recorded log-probs are mixed
+into later groups and trained with importance sampling.
+
+    accelerate launch recipes/replay_grpo.py                    # embedded default: SmolLM2-135M, graded arithmetic, CPU
+    accelerate launch --config_file accelerate_configs/zero2.yaml recipes/replay_grpo.py --config recipes/configs/replay_grpo_qwen2.5_1.5b.yaml
+
+Writes to `output_dir`: `metrics.json` (a per-step summary and the training log), `learning_curves.png` (accuracy,
+replay share, importance ratios, buffer size per step), checkpoints with the replay buffer, and the trained model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoTokenizer
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_ext.data import graded_arithmetic
+from trl_ext.data.arithmetic import ANSWER_FORMAT
+from trl_ext.recipe import (
+    RecipeScriptArguments,
+    load_recipe_dataset,
+    plot_learning_curves,
+    resolve_model,
+    with_default_config,
+    write_json,
+)
+from trl_ext.rewards import make_accuracy_reward, make_format_reward
+from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "replay_grpo_smollm2_cpu.yaml"
+CURVES = [
+    "rewards/accuracy/mean",
+    "replay/offpolicy_token_ratio",
+    "replay/importance_ratio_mean",
+    "replay/buffer_trajectories",
+]
+
+
+@dataclass
+class ReplayScriptArguments(RecipeScriptArguments):
+    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags.
+
+    Parameters:
+        lenient_parsing (`bool`, *optional*, defaults to `False`):
+            Score an untagged final number as the answer (small models often drop the `<answer>` tag).
+        format_weight (`float`, *optional*, defaults to `0.5`):
+            Weight of the format reward next to accuracy (weight 1). Success, for the buffer, is accuracy alone.
+    """
+
+    lenient_parsing: bool = field(default=False, metadata={"help": "Read untagged final numbers as answers."})
+    format_weight: float = field(default=0.5, metadata={"help": "Weight of the format reward (accuracy has 1)."})
+
+
+def summarize(log_history):
+    """One row per training step with the figures the plots show."""
+    keys = {"accuracy": "rewards/accuracy/mean", "replay_groups": "replay/replay_groups",
+            "offpolicy_token_ratio": "replay/offpolicy_token_ratio", "importance_ratio": "replay/importance_ratio_mean",
+            "buffer_trajectories": "replay/buffer_trajectories", "buffer_bytes": "replay/buffer_bytes",
+            "fresh_tokens": "replay/fresh_tokens"}
+    return [{"step": log["step"], **{name: log.get(key) for name, key in keys.items()}}
+            for log in log_history if "rewards/accuracy/mean" in log]
+
+
+def main(script_args, training_args, model_args):
+    output_dir = Path(training_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    system_prompt = script_args.system_prompt or ANSWER_FORMAT
+    train, _ = load_recipe_dataset(script_args, system_prompt)
+    if train is None:
+        train = graded_arithmetic(script_args.num_train_samples or 500, seed=training_args.seed,
+                                  system_prompt=system_prompt)
+
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": model_args.dtype,
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
+    if training_args.reward_weights is None:
+        training_args.reward_weights = [1.0, script_args.format_weight]
+    trainer = ReplayGRPOTrainer(
+        model=model_path,
+        reward_funcs=[make_accuracy_reward(lenient=script_args.lenient_parsing), make_format_reward()],
+        args=training_args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+
+    if trainer.accelerator.is_main_process:
+        steps = summarize(trainer.state.log_history)
+        plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
+                             title="Replay GRPO training (per logging step)")
+        write_json(output_dir / "metrics.json", {"model": model_path, "steps": steps,
+                                                 "train_log": trainer.state.log_history})
+        exp = trainer.experience
+        print(f"buffer: {exp.num_tasks} tasks, {exp.num_trajectories} trajectories, {exp.nbytes} bytes, "
+              f"{len(exp.retired)} retired; accuracy per step: "
+              + " ".join(f"{s['accuracy']:.2f}" for s in steps))
+        print(f"report and plots in {output_dir}")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+
+def make_parser():
+    return TrlParser((ReplayScriptArguments, ReplayGRPOConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    parser = make_parser()
+    script_args, training_args, model_args = parser.parse_args_and_config(
+        args=with_default_config(sys.argv[1:], DEFAULT_CONFIG)
+    )
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(script_args, training_args, model_args)
