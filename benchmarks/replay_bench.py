@@ -12,7 +12,7 @@ runs interleaved to spread machine noise. A second pair with scripted fixed-leng
 the bound on the ratio when generation is free (as with a fast vLLM server).
 
 curves: the same run with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer):
-accuracy per step (the batch's mean accuracy reward, and its 4-step moving average), fresh tokens generated per
+accuracy per step of the fresh rollouts (replayed rows excluded, and its 4-step moving average), fresh tokens generated per
 step, steps until the replay run's moving average reaches the no-replay run's final moving average, and buffer
 bytes per stored token.
 """
@@ -120,7 +120,8 @@ def curves(steps: int, replay_start: float, learning_rate: float) -> dict:
     for name in ("no_replay", "replay"):
         trainer = make_trainer(name == "replay", steps, learning_rate, replay_start_ratio=replay_start)
         trainer.train()
-        accuracy = logged(trainer, "rewards/accuracy/mean")
+        # Fresh rollouts only: replayed rows are stored successes and would inflate the replay run's accuracy.
+        accuracy = logged(trainer, "replay/solve_rate" if name == "replay" else "rewards/accuracy/mean")
         run = {"accuracy": accuracy, "accuracy_moving_average": moving_average(accuracy),
                "completion_tokens": [round(m * 8) for m in logged(trainer, "completions/mean_length")]}
         if name == "replay":

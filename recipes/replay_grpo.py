@@ -33,7 +33,7 @@ from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "replay_grpo_smollm2_cpu.yaml"
 CURVES = [
-    "rewards/accuracy/mean",
+    "replay/solve_rate",
     "replay/offpolicy_token_ratio",
     "replay/importance_ratio_mean",
     "replay/buffer_trajectories",
@@ -56,13 +56,14 @@ class ReplayScriptArguments(RecipeScriptArguments):
 
 
 def summarize(log_history):
-    """One row per training step with the figures the plots show."""
-    keys = {"accuracy": "rewards/accuracy/mean", "replay_groups": "replay/replay_groups",
+    """One row per training step with the figures the plots show. Accuracy counts fresh rollouts only: replayed
+    rows are stored successes and would inflate it."""
+    keys = {"accuracy": "replay/solve_rate", "replay_groups": "replay/replay_groups",
             "offpolicy_token_ratio": "replay/offpolicy_token_ratio", "importance_ratio": "replay/importance_ratio_mean",
             "buffer_trajectories": "replay/buffer_trajectories", "buffer_bytes": "replay/buffer_bytes",
             "fresh_tokens": "replay/fresh_tokens"}
     return [{"step": log["step"], **{name: log.get(key) for name, key in keys.items()}}
-            for log in log_history if "rewards/accuracy/mean" in log]
+            for log in log_history if "replay/solve_rate" in log]
 
 
 def main(script_args, training_args, model_args):

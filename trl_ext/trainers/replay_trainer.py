@@ -18,7 +18,7 @@ import math
 import os
 import textwrap
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import zip_longest
 
 import torch
@@ -57,14 +57,10 @@ class ReplayPlan:
     num_replay_groups: int = 0
     retired_replaced: int = 0
     retired_kept: int = 0
-    _has_replay: bool = field(init=False, default=False)
-
-    def __post_init__(self):
-        self._has_replay = any(self.global_stored)
 
     @property
     def has_replay(self) -> bool:
-        return self._has_replay
+        return any(self.global_stored)
 
 
 class ReplayGRPOTrainer(GRPOTrainer):
