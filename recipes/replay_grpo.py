@@ -10,13 +10,11 @@ replay share, importance ratios, buffer size per step), checkpoints with the rep
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoTokenizer
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import get_peft_config
 
 from trl_ext.data import graded_arithmetic
 from trl_ext.data.arithmetic import ANSWER_FORMAT
@@ -25,7 +23,7 @@ from trl_ext.recipe import (
     load_recipe_dataset,
     plot_learning_curves,
     resolve_model,
-    with_default_config,
+    run_recipe,
     write_json,
 )
 from trl_ext.rewards import make_accuracy_reward, make_format_reward
@@ -111,14 +109,5 @@ def main(script_args, training_args, model_args):
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def make_parser():
-    return TrlParser((ReplayScriptArguments, ReplayGRPOConfig, ModelConfig))
-
-
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config(
-        args=with_default_config(sys.argv[1:], DEFAULT_CONFIG)
-    )
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(script_args, training_args, model_args)
+    run_recipe(main, ReplayScriptArguments, ReplayGRPOConfig, DEFAULT_CONFIG)

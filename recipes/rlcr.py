@@ -11,13 +11,11 @@ Writes to `output_dir`: `metrics.json` (calibration before/after and the trainin
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import get_peft_config
 
 from trl_ext.calibration import plot_reliability_diagrams, reliability_diagram
 from trl_ext.data import graded_arithmetic
@@ -27,12 +25,11 @@ from trl_ext.recipe import (
     load_recipe_dataset,
     plot_learning_curves,
     resolve_model,
-    with_default_config,
+    run_recipe,
     write_json,
 )
 from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
 CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence/parse_fail_rate"]
@@ -130,14 +127,5 @@ def main(script_args, training_args, model_args):
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def make_parser():
-    return TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
-
-
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config(
-        args=with_default_config(sys.argv[1:], DEFAULT_CONFIG)
-    )
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(script_args, training_args, model_args)
+    run_recipe(main, RLCRScriptArguments, RLCRMultiTurnConfig, DEFAULT_CONFIG)

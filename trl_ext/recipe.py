@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,6 @@ from datasets import Dataset, load_dataset
 from trl import ScriptArguments
 
 from .default_model import default_model_path
-
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -53,6 +53,18 @@ class RecipeScriptArguments(ScriptArguments):
     system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
     num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
     num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after evaluation."})
+
+
+def run_recipe(main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None) -> None:
+    """Parse `(script_args_cls, config_cls, ModelConfig)` the TRL way (flags and `--config`, falling back to
+    `default_config`, see [`with_default_config`]) and call `main(script_args, training_args, model_args)`."""
+    from trl import ModelConfig, TrlParser
+
+    parser = TrlParser((script_args_cls, config_cls, ModelConfig))
+    argv = sys.argv[1:] if argv is None else argv
+    parsed = parser.parse_args_and_config(args=with_default_config(argv, default_config))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(*parsed)
 
 
 def with_default_config(argv: Sequence[str], default_config: str | os.PathLike) -> list[str]:

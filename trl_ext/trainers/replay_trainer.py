@@ -171,7 +171,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             fresh = [i for i, stored in enumerate(plan.stored) if stored is None]
             padding = plan.fresh_max - len(fresh)
             rows = [prompt_ids[i] for i in fresh] + [prompt_ids[fresh[0] if fresh else 0]] * padding
-            completions, logprobs = inner(rows, None, {}, 1) if rows else ([], None)
+            completions, logprobs = inner(rows, None, {}, 1)  # k < n: every process has fresh rows to generate
             out_ids, out_logprobs = [], []
             fresh_iter = iter(range(len(fresh)))
             for stored in plan.stored:
