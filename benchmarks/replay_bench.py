@@ -13,8 +13,8 @@ the bound on the ratio when generation is free (as with a fast vLLM server).
 
 curves: the same run with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer):
 accuracy per step of the fresh rollouts (replayed rows excluded, and its 4-step moving average), fresh tokens generated per
-step, steps until the replay run's moving average reaches the no-replay run's final moving average, and buffer
-bytes per stored token.
+step, steps until the replay run's moving average reaches the no-replay run's final accuracy (mean over the last quarter
+of its steps), and buffer bytes per stored token.
 """
 
 from __future__ import annotations
@@ -138,20 +138,28 @@ def curves(steps: int, replay_start: float, learning_rate: float) -> dict:
         else:
             run["fresh_tokens"] = run["completion_tokens"]
         runs[name] = run
-    target = runs["no_replay"]["accuracy_moving_average"][-1]
+    result = {"steps": steps, "replay_start_ratio": replay_start, "learning_rate": learning_rate,
+              **compare(runs), "runs": runs}
+    plot_curves(result, RESULTS / "replay_curves.png")
+    return result
+
+
+def compare(runs: dict) -> dict:
+    """Steps until the replay run's moving average reaches the no-replay run's final accuracy (its mean over the last
+    quarter of the steps: one batch of 8 rollouts is too noisy to be "the" final value), and per-run summaries."""
+    steps = len(runs["no_replay"]["accuracy"])
+    tail = max(WINDOW, steps // 4)
+    target = statistics.mean(runs["no_replay"]["accuracy"][-tail:])
     reached = next((i + 1 for i, a in enumerate(runs["replay"]["accuracy_moving_average"]) if a >= target), None)
-    result = {
-        "steps": steps,
-        "replay_start_ratio": replay_start,
-        "learning_rate": learning_rate,
+    return {
         "no_replay_final_accuracy": target,
+        "final_accuracy_window": tail,
+        "replay_final_accuracy": statistics.mean(runs["replay"]["accuracy"][-tail:]),
         "replay_steps_to_reach_it": reached,
         "steps_ratio": None if reached is None else reached / steps,
         "mean_fresh_tokens_per_step": {k: statistics.mean(v["fresh_tokens"]) for k, v in runs.items()},
-        "runs": runs,
+        "buffer_bytes_per_token": runs["replay"]["buffer_bytes_per_token"],
     }
-    plot_curves(result, RESULTS / "replay_curves.png")
-    return result
 
 
 def plot_curves(result: dict, path: Path) -> None:
@@ -161,12 +169,13 @@ def plot_curves(result: dict, path: Path) -> None:
     fig = Figure(figsize=(13, 3.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax_acc, ax_tok, ax_buf = fig.subplots(1, 3)
+    ax_acc.axhline(result["no_replay_final_accuracy"], color="C0", linestyle=":", linewidth=0.8)
     start = result["replay_start_ratio"] * result["steps"]
-    for name, run in result["runs"].items():
+    for color, (name, run) in zip(("C0", "C1"), result["runs"].items()):
         steps = range(1, len(run["accuracy"]) + 1)
-        ax_acc.plot(steps, run["accuracy_moving_average"], label=f"{name} ({WINDOW}-step mean)")
-        ax_acc.plot(steps, run["accuracy"], alpha=0.25, linestyle=":")
-        ax_tok.plot(steps, run["fresh_tokens"], label=name)
+        ax_acc.plot(steps, run["accuracy_moving_average"], color=color, label=f"{name} ({WINDOW}-step mean)")
+        ax_acc.plot(steps, run["accuracy"], color=color, alpha=0.3, linestyle=":")
+        ax_tok.plot(steps, run["fresh_tokens"], color=color, label=name)
     replay = result["runs"]["replay"]
     ax_buf.plot(range(1, len(replay["buffer_trajectories"]) + 1), replay["buffer_trajectories"])
     for ax, title in ((ax_acc, "accuracy"), (ax_tok, "fresh tokens generated"), (ax_buf, "buffer trajectories")):
