@@ -1,5 +1,7 @@
+from .absolute_zero_config import AbsoluteZeroConfig
+from .absolute_zero_trainer import AbsoluteZeroTrainer
 from .rlcr_config import RLCRMultiTurnConfig
 from .rlcr_trainer import RLCRMultiTurnTrainer
 
 
-__all__ = ["RLCRMultiTurnConfig", "RLCRMultiTurnTrainer"]
+__all__ = ["AbsoluteZeroConfig", "AbsoluteZeroTrainer", "RLCRMultiTurnConfig", "RLCRMultiTurnTrainer"]
