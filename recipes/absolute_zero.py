@@ -108,6 +108,7 @@ def main(script_args, training_args, model_args):
         print(f"report and plots in {output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    return trainer.state.log_history
 
 
 def make_parser():

@@ -233,9 +233,11 @@ class AbsoluteZeroTrainer(GRPOTrainer):
         logprobs = logprobs or [None] * len(prompts)
         local = [_Generated(list(map(int, p)), list(map(int, c)), lp, comp)
                  for p, c, lp, comp in zip(prompt_ids, completion_ids, logprobs, completions, strict=True)]
+        rows = gather_object(local)
         self._generation_calls += 1
-        self._generated_rows[prefix or "solver"] += len(local) * self.accelerator.num_processes
-        return gather_object(local)
+        self._generated[f"{prefix or 'solver'}_rows"] += len(rows)
+        self._generated[f"{prefix or 'solver'}_tokens"] += sum(len(r.completion_ids) for r in rows)
+        return rows
 
     def _proposer_prompt(self, seed_row):
         prompt = seed_row["prompt"]
@@ -311,7 +313,7 @@ class AbsoluteZeroTrainer(GRPOTrainer):
         k = args.num_questions_per_prompt
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        self._generation_calls, self._generated_rows = 0, defaultdict(int)
+        self._generation_calls, self._generated = 0, defaultdict(int)
 
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
         groups = [_Group() for _ in seeds]
@@ -427,8 +429,8 @@ class AbsoluteZeroTrainer(GRPOTrainer):
         m["proposer/num_integrated"].append(float(num_proposer_rows))
         m["joint/proposer_solver_ratio"].append(num_proposer_rows / max(resolved * group_size, 1))
         m["generation/calls"].append(float(self._generation_calls))
-        for name, count in self._generated_rows.items():
-            m[f"generation/{name}_rows"].append(float(count))
+        for name, count in self._generated.items():
+            m[f"generation/{name}"].append(float(count))
         all_rewards = [r for g in groups for r in g.rewards.values()]
         if all_rewards:
             table = torch.cat(all_rewards)
