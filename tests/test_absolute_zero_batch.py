@@ -177,3 +177,24 @@ def test_seed_prompts_must_be_conversational(tmp_path):
     with pytest.raises(ValueError, match="conversational"):
         AbsoluteZeroTrainer(model, task.reward_funcs, args=args, processing_class=tokenizer,
                             train_dataset=Dataset.from_list([{"prompt": "plain text"}]))
+
+
+def test_evaluation_runs_the_same_self_play(tmp_path):
+    trainer = make_trainer(tmp_path, per_device_eval_batch_size=4, num_generations_eval=2)
+    with ScriptedGeneration(trainer, Policy("one_repropose")) as gen:
+        metrics = trainer.evaluate(eval_dataset=trainer.train_dataset)
+    assert calls(gen) == [(2, 4), (2, 4), (2, 2), (2, 4)]
+    assert metrics["eval_unified_filter/num_sampled"] == 2 and metrics["eval_repropose/total_attempts"] == 1
+
+
+def test_selection_depends_only_on_seed_and_step(tmp_path):
+    # Nothing to checkpoint: a resumed run draws the same questions at the same step.
+    first, second = make_trainer(tmp_path / "a"), make_trainer(tmp_path / "b")
+    draws = []
+    for trainer in (first, second):
+        trainer.state.global_step = 7
+        rngs = [trainer._selection_rng() for _ in range(2)]  # two draws at one step (e.g. evaluation batches)
+        draws.append([rng.random() for rng in rngs])
+    assert draws[0] == draws[1] and draws[0][0] != draws[0][1]
+    first.state.global_step = 8
+    assert first._selection_rng().random() not in draws[0]

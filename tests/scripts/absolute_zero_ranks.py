@@ -9,9 +9,9 @@ import re
 import sys
 import tempfile
 
-import trl_ext
 from datasets import Dataset
 
+import trl_ext
 from trl_ext.tasks import arithmetic_task
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer

@@ -116,7 +116,9 @@ class AbsoluteZeroTrainer(GRPOTrainer):
             raise TypeError(f"args must be an AbsoluteZeroConfig, got {type(args).__name__}.")
         for unsupported in ("tools", "rollout_func", "environment_factory"):
             if kwargs.get(unsupported) is not None:
-                raise ValueError(f"AbsoluteZeroTrainer builds its own self-play rollout; `{unsupported}` is not supported.")
+                raise ValueError(
+                    f"AbsoluteZeroTrainer builds its own self-play rollout; `{unsupported}` is not supported."
+                )
         if not reward_funcs:
             raise ValueError("reward_funcs must hold at least one solver reward function (e.g. a numeric match).")
         for split in ("train_dataset", "eval_dataset"):
@@ -250,7 +252,7 @@ class AbsoluteZeroTrainer(GRPOTrainer):
     def _parse(self, completion) -> dict | None:
         try:
             question = self.parse_question(completion_text(completion))
-        except Exception:  # model output must not stop training: a parser failure is an invalid proposal
+        except Exception:  # noqa: BLE001 - model output must not stop training: an invalid proposal
             return None
         return question if isinstance(question, dict) and question else None
 
@@ -310,7 +312,6 @@ class AbsoluteZeroTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
         args = self.args
-        k = args.num_questions_per_prompt
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         self._generation_calls, self._generated = 0, defaultdict(int)
