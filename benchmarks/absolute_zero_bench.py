@@ -105,12 +105,16 @@ def overhead(steps: int) -> dict:
         "absolute_zero_generation_calls_per_step": az.state.log_history[0]["generation/calls"],
     }
     result["ratio"] = result["absolute_zero_median_s"] / result["grpo_median_s"]
+    # Self-play trains fewer rows than it generates (one question's responses per prompt, one proposal): per trained
+    # row, the cost of the filter and the extra scoring shows.
+    result["ratio_per_trained_row"] = result["ratio"] * rows / (prompts * g + prompts)
     return result
 
 
 def curves(steps: int) -> dict:
     spec = importlib.util.spec_from_file_location("absolute_zero_recipe", ROOT / "recipes" / "absolute_zero.py")
     recipe = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = recipe  # its dataclasses look their module up
     spec.loader.exec_module(recipe)
     output_dir = tempfile.mkdtemp()
     argv = with_default_config(["--output_dir", output_dir, "--max_steps", str(steps)], recipe.DEFAULT_CONFIG)
