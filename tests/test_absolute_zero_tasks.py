@@ -122,7 +122,13 @@ def test_task_family_pieces():
     rows = seed_prompts(5, seed=1)
     assert rows.to_list() == seed_prompts(5, seed=1).to_list() and "<question>" in rows[0]["prompt"][0]["content"]
     assert task.solver_prompt_fn({"question": "What is 1+1?"}, {})[-1] == {"role": "user", "content": "What is 1+1?"}
-    assert tagged_question_parser()("<question> Why? </question>") == {"question": "Why?"}
+    parse = tagged_question_parser()
+    assert parse("<question> Why? </question>") == {"question": "Why?"}
+    assert parse('<question>{"question": "2+2?", "solution": "4"}</question>') == {"question": "2+2?", "solution": "4"}
+    assert parse('{"question": "Name a prime.", "level": 2}') == {"question": "Name a prime.", "level": 2}
+    assert parse('<question>{"q": 1}</question>') == {"question": '{"q": 1}'}  # not a question object: the text
+    for bad in ['{"question": ""}', "{" * 5000, "no tags", "", None, '{"question": 3}']:
+        assert parse(bad) is None
     assert template_solver_prompt("Q: {question}", "Be brief.")({"question": "x"}, {}) == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: x"}]
 

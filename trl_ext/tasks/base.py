@@ -7,6 +7,7 @@ safety/completion judges) plugs in by building a `TaskFamily` with its own parse
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +49,37 @@ class TaskFamily:
 
 
 def tagged_question_parser(tag: str = "question") -> ParseQuestion:
-    """Default parser: the content of the last `<tag>…</tag>` as `{"question": text}`, or `None` without one."""
+    """Default parser: the content of the last `<tag>…</tag>` as `{"question": text}`, or `None` without one.
+
+    JSON is allowed: a tag content (or a whole reply) that is a JSON object with a non-empty string `question` gives
+    that object's fields, so a proposal can carry metadata for the reward functions (e.g. a reference answer).
+    """
 
     def parse_question(text: str) -> dict[str, Any] | None:
+        if not isinstance(text, str):
+            return None
         content = extract_tag(text, tag)
+        fields = _json_fields(content if content is not None else text)
+        if fields is not None:
+            return fields
         return {"question": content} if content else None
 
     return parse_question
+
+
+_MAX_JSON_CHARS = 20_000
+
+
+def _json_fields(text: str | None) -> dict[str, Any] | None:
+    if not text or len(text) > _MAX_JSON_CHARS or not text.lstrip().startswith("{"):
+        return None
+    try:
+        fields = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(fields, dict) and isinstance(fields.get("question"), str) and fields["question"].strip():
+        return fields
+    return None
 
 
 def template_solver_prompt(template: str = "{question}", system_prompt: str | None = None) -> SolverPromptFn:
