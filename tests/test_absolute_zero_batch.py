@@ -198,3 +198,16 @@ def test_selection_depends_only_on_seed_and_step(tmp_path):
     assert draws[0] == draws[1] and draws[0][0] != draws[0][1]
     first.state.global_step = 8
     assert first._selection_rng().random() not in draws[0]
+
+
+def test_model_written_question_fields_cannot_collide_with_trl_arguments(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.parse_question = AbsoluteZeroTrainer(  # the default parser, as when no parse_question is given
+        trainer.model, trainer.reward_funcs, args=trainer.args, train_dataset=trainer.train_dataset,
+        processing_class=trainer.processing_class).parse_question
+    proposal = ('<question>{"question": "2+2?", "solution": "4", "completions": 1, "prompts": 2, "prompt": 3, '
+                '"trainer_state": 4, "not an identifier": 5}</question>')
+    assert trainer._parse(proposal) == {"question": "2+2?", "solution": "4"}  # the default parser reads JSON
+    assert trainer._parse('<question>{"question": "x", "prompts": 1}</question>') == {"question": "x"}
+    trainer.parse_question = lambda text: 1 / 0  # a failing user parser is an invalid proposal, not a crash
+    assert trainer._parse("anything") is None

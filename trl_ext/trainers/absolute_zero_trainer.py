@@ -44,6 +44,9 @@ from .absolute_zero_config import AbsoluteZeroConfig
 
 
 SOLVER, PROPOSER = 0, 1
+# Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces).
+_RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra",
+             "log_metric", "environments"}
 
 
 @dataclass
@@ -254,7 +257,12 @@ class AbsoluteZeroTrainer(GRPOTrainer):
             question = self.parse_question(completion_text(completion))
         except Exception:  # noqa: BLE001 - model output must not stop training: an invalid proposal
             return None
-        return question if isinstance(question, dict) and question else None
+        if not isinstance(question, dict):
+            return None
+        # Fields become reward-function keyword arguments: a model-written name must not collide with TRL's own.
+        question = {k: v for k, v in question.items() if isinstance(k, str) and k.isidentifier()
+                    and k not in _RESERVED}
+        return question or None
 
     def _round(self, pending: list[int], seeds: list[dict], groups: list[_Group], group_size: int, mode: str):
         """Propose a fresh group for each pending prompt, solve every valid question, judge learnability."""
