@@ -131,6 +131,9 @@ def test_task_family_pieces():
         assert parse(bad) is None
     assert template_solver_prompt("Q: {question}", "Be brief.")({"question": "x"}, {}) == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: x"}]
+    # a field the proposal lacks, or None (absent in this proposal, present in another), renders empty
+    assert template_solver_prompt("{question} [{hint}]")({"question": "x", "hint": None}, {})[0]["content"] == "x []"
+    assert template_solver_prompt("{question} [{hint}]")({"question": "x"}, {})[0]["content"] == "x []"
 
 
 @pytest.mark.parametrize("overrides, message", [

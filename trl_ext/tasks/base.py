@@ -67,6 +67,11 @@ def tagged_question_parser(tag: str = "question") -> ParseQuestion:
     return parse_question
 
 
+class _EmptyIfMissing(dict):
+    def __missing__(self, key):
+        return ""
+
+
 _MAX_JSON_CHARS = 20_000
 
 
@@ -83,10 +88,12 @@ def _json_fields(text: str | None) -> dict[str, Any] | None:
 
 
 def template_solver_prompt(template: str = "{question}", system_prompt: str | None = None) -> SolverPromptFn:
-    """Default solver prompt: one user message, `template` formatted with the question's fields."""
+    """Default solver prompt: one user message, `template` formatted with the question's fields (a field the
+    proposal lacks renders empty: proposals are model output)."""
 
     def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> Conversation:
-        conversation = [{"role": "user", "content": template.format(**question)}]
+        fields = {k: "" if v is None else v for k, v in question.items()}
+        conversation = [{"role": "user", "content": template.format_map(_EmptyIfMissing(fields))}]
         if system_prompt:
             conversation.insert(0, {"role": "system", "content": system_prompt})
         return conversation
