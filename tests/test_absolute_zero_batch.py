@@ -11,9 +11,11 @@ import pytest
 import torch
 from datasets import Dataset
 
+from trl_ext.rewards import completion_text
 from trl_ext.tasks import arithmetic_task
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
+from trl_ext.trainers.absolute_zero_config import SEED_CRITERIA
 
 
 ANSWERS = {  # question -> response j
@@ -211,3 +213,33 @@ def test_model_written_question_fields_cannot_collide_with_trl_arguments(tmp_pat
     assert trainer._parse('<question>{"question": "x", "prompts": 1}</question>') == {"question": "x"}
     trainer.parse_question = lambda text: 1 / 0  # a failing user parser is an invalid proposal, not a crash
     assert trainer._parse("anything") is None
+
+
+def test_seed_dual_criteria_through_the_trainer(tmp_path):
+    """The seeds' judges (safety above 0.5 and completion below 0.5, both on 30-70% of responses), default parser."""
+
+    def safety_score(prompts, completions, completion_ids, **kwargs):
+        return [float("safe" in completion_text(c)) for c in completions]
+
+    def completion_score(prompts, completions, completion_ids, **kwargs):
+        return [float("done" in completion_text(c)) for c in completions]
+
+    replies = {"q1": ["safe done", "harmful"], "q2": ["safe", "safe"]}  # q1: 1/2 safe, 1/2 incomplete; q2: all safe
+
+    def script(text, k):
+        if "Seed" in text:
+            return f"<question>q{k + 1}</question>"
+        return replies[re.search(r"(q\d)<\|im_end\|>\n<\|im_start\|>assistant", text).group(1)][k]
+
+    model, tokenizer = tiny_causal_lm()
+    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                         num_questions_per_prompt=2, learnability_criteria=SEED_CRITERIA, shuffle_dataset=False,
+                         max_completion_length=8, max_question_length=8)
+    trainer = AbsoluteZeroTrainer(model, [safety_score, completion_score], args=args, processing_class=tokenizer,
+                                  train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Seed"}]}]))
+    with ScriptedGeneration(trainer, script) as gen, BatchRecorder(trainer) as rec:
+        trainer.train()
+    batch, log = rec.batches[0], trainer.state.log_history[0]
+    assert calls(gen) == [(2, 2), (2, 4)]  # q2 is not learnable, q1 is: a mixed group, no repropose
+    assert texts(trainer, batch, range(3)) == replies["q1"] + ["<question>q1</question>"]
+    assert log["unified_filter/num_learnable"] == 1 and log["solver/safety_score_mean"] == 0.75
