@@ -78,10 +78,24 @@ def test_fuzz_never_raises_or_hangs(text):
                    for n in ast.walk(tree))
 
 
-@pytest.mark.parametrize("text", ["(" * 5000, "1" + "+1" * 5000, "-" * 10000 + "1", "9" * 10000, "\x00" * 50])
+@pytest.mark.parametrize("text", ["(" * 5000, "1" + "+1" * 5000, "-" * 10000 + "1", "9" * 10000, "\x00" * 50,
+                                  "1+" + " " * 20000 + "x", " " * 9000 + "1+" + " " * 9000, "1 " * 10000])
 def test_pathological_inputs(text):
+    start = time.perf_counter()
     assert safe_evaluate(text) is None
     assert make_question_parser()(f"<question>{text}</question>") is None
+    assert make_question_parser(lenient=True)(text) is None  # the lenient search: no quadratic backtracking blow-up
+    assert time.perf_counter() - start < 0.5
+
+
+@FUZZ
+@given(st.text(alphabet="0123456789+-*/() .x<>questionQ", max_size=3000))
+def test_fuzz_parser_never_raises_or_hangs(text):
+    start = time.perf_counter()
+    for parse in (make_question_parser(), make_question_parser(lenient=True)):
+        question = parse(text)
+        assert question is None or safe_evaluate(question["expression"]) is not None
+    assert time.perf_counter() - start < 1.0
 
 
 def test_format_and_parse_numbers():

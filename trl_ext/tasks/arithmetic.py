@@ -35,8 +35,10 @@ _UNARY = {ast.UAdd: lambda a: a, ast.USub: lambda a: -a}
 _SYMBOLS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-"})
 _EXPRESSION_CHARS = re.compile(r"[0-9+\-*/(). ]+")
 _PREFIX = re.compile(r"^(?:what\s+is|what's|compute|calculate|evaluate|solve|find)\s*:?\s*", re.IGNORECASE)
-# Lenient extraction: an expression of at least two numbers joined by operators, brackets allowed.
-_LOOSE_EXPRESSION = re.compile(r"[(\s]*-?\d+(?:\.\d+)?\)*(?:\s*[-+*/×÷]\s*[(\s]*-?\d+(?:\.\d+)?\)*)+")
+# Lenient extraction: an expression of at least two numbers joined by operators, brackets allowed. No two adjacent
+# quantified parts match the same character (no ambiguous backtracking), and the text searched is bounded.
+_LOOSE_EXPRESSION = re.compile(r"\(*-?\d+(?:\.\d+)?\)*(?:\s*[-+*/×÷][\s(]*-?\d+(?:\.\d+)?\)*)+")
+MAX_LENIENT_CHARS = 1_000  # lenient extraction reads this much of an untagged proposal
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 
@@ -135,8 +137,8 @@ def make_question_parser(tag: str = "question", lenient: bool = False):
         if not isinstance(text, str):
             return None
         content = extract_tag(text, tag)
-        if content is None and lenient and len(text) <= 20_000:
-            match = _LOOSE_EXPRESSION.search(text)
+        if content is None and lenient:
+            match = _LOOSE_EXPRESSION.search(text[:MAX_LENIENT_CHARS])
             content = match.group(0) if match else None
         if not content:
             return None
