@@ -84,8 +84,13 @@ def resolve_model(model_name_or_path: str | None) -> str:
     return model_name_or_path or default_model_path()
 
 
-def load_recipe_dataset(script_args: RecipeScriptArguments, system_prompt: str | None) -> tuple[Dataset, Dataset | None]:
+def load_recipe_dataset(
+    script_args: RecipeScriptArguments, system_prompt: str | None, require_answer: bool = True
+) -> tuple[Dataset, Dataset | None]:
     """Load `--dataset_name` (Hub) or `--dataset_path` (local file) as `(train, eval)` with `prompt` and `solution`.
+
+    With `require_answer=False` (seed prompts without gold answers, e.g. Absolute Zero), `solution` is filled only
+    when the answer column exists.
 
     The eval split is `--dataset_test_split` when the dataset has it, else the last `num_eval_samples` training rows
     are held out. Returns `(train, None)` if neither source is given (the recipe then uses its built-in data).
@@ -115,15 +120,16 @@ def load_recipe_dataset(script_args: RecipeScriptArguments, system_prompt: str |
         train = train.select(range(len(train) - held_out))
     if script_args.num_train_samples is not None:
         train = train.select(range(min(script_args.num_train_samples, len(train))))
-    prepare = _column_mapper(script_args, system_prompt, train.column_names)
+    prepare = _column_mapper(script_args, system_prompt, train.column_names, require_answer)
     train = train.map(prepare)
     evaluation = evaluation.map(prepare) if evaluation is not None else None
     return train, evaluation
 
 
-def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str]):
+def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str],
+                   require_answer: bool = True):
     has_prompt = "prompt" in columns
-    has_solution = "solution" in columns
+    has_solution = "solution" in columns or (not require_answer and script_args.answer_column not in columns)
     if not has_prompt and script_args.question_column not in columns:
         raise ValueError(
             f"The dataset has neither a 'prompt' column nor the question column {script_args.question_column!r} "

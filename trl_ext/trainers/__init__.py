@@ -1,7 +1,16 @@
+from .absolute_zero_config import AbsoluteZeroConfig
+from .absolute_zero_trainer import AbsoluteZeroTrainer
 from .replay_config import ReplayGRPOConfig
 from .replay_trainer import ReplayGRPOTrainer
 from .rlcr_config import RLCRMultiTurnConfig
 from .rlcr_trainer import RLCRMultiTurnTrainer
 
 
-__all__ = ["RLCRMultiTurnConfig", "RLCRMultiTurnTrainer", "ReplayGRPOConfig", "ReplayGRPOTrainer"]
+__all__ = [
+    "AbsoluteZeroConfig",
+    "AbsoluteZeroTrainer",
+    "RLCRMultiTurnConfig",
+    "RLCRMultiTurnTrainer",
+    "ReplayGRPOConfig",
+    "ReplayGRPOTrainer",
+]

@@ -1,0 +1,153 @@
+"""AbsoluteZero benchmarks on the embedded default (SmolLM2-135M-Instruct), CPU.
+
+    python benchmarks/absolute_zero_bench.py overhead   # step time vs plain GRPOTrainer on the same generated tokens
+    python benchmarks/absolute_zero_bench.py curves     # generation calls/tokens and learnable ratio per step
+
+Results: benchmarks/results/absolute_zero_<part>.json and .png.
+
+overhead: both trainers get scripted completions of one fixed length, so generation cost is identical by
+construction and excluded; the ratio measures what self-play adds per step around generation (scoring every
+question's responses, the learnability filter, two TRL batch builds) at equal generated tokens. Median `step_time`
+after one warm-up step.
+
+curves: the recipe's CPU default (real generation, lenient parsing) for a few steps; per step the number of
+generation calls, the generated tokens per role, the learnable ratio and the repropose attempts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_ext import default_model_path
+from trl_ext.recipe import plot_learning_curves, with_default_config, write_json
+from trl_ext.tasks import arithmetic_task
+from trl_ext.tasks.arithmetic import seed_prompts
+from trl_ext.testing import ScriptedGeneration, cpu_test_args
+from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
+
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).parent.parent
+
+
+def load_model():
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
+
+
+def step_times(trainer):
+    return [log["step_time"] for log in trainer.state.log_history if "step_time" in log]
+
+
+def fixed_length(tokenizer, text, n):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    filler = tokenizer.encode(" ok", add_special_tokens=False)
+    return (ids + filler * n)[: n - 1] + [tokenizer.eos_token_id]
+
+
+def overhead(steps: int) -> dict:
+    length, g, k, prompts = 24, 4, 2, 2
+    task = arithmetic_task()
+    model, tok = load_model()
+    # Per prompt: a learnable question (1 + 1, half the answers right) and a non-learnable one (2 + 2, always
+    # right): no repropose, so K * length + K * G * length tokens per prompt.
+    proposals = [fixed_length(tok, q, length) for q in ("<question>1+1</question>", "<question>2+2</question>")]
+    answers = {q: [fixed_length(tok, f"<answer>{a}</answer>", length) for a in options]
+               for q, options in (("1+1", ("2", "3")), ("2+2", ("4", "4")))}
+
+    def self_play(prompt_text, j):
+        if "What is" in prompt_text:
+            return answers["1+1" if "1+1" in prompt_text else "2+2"][j % 2]
+        return proposals[j]
+
+    common = dict(max_steps=steps + 1, learning_rate=1e-6, gradient_checkpointing=False, shuffle_dataset=False,
+                  max_completion_length=length)
+    args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, per_device_train_batch_size=prompts * g,
+                         num_generations=g, num_questions_per_prompt=k, max_question_length=length,
+                         reward_weights=[1.0, 0.5], **common)
+    az = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=seed_prompts(64, 0),
+                             processing_class=tok, parse_question=task.parse_question,
+                             solver_prompt_fn=task.solver_prompt_fn)
+    with ScriptedGeneration(az, self_play):
+        az.train()
+    generated = prompts * (k + k * g) * length
+
+    # Plain GRPO generating the same number of tokens: prompts * (K + K * G) completions of the same length.
+    rows = prompts * (k + k * g)
+    model, tok = load_model()
+    args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=rows, num_generations=rows // 2,
+                         reward_weights=[1.0, 0.5], **common)
+    data = seed_prompts(64, 0).map(lambda row: {"solution": "2"})
+    grpo = GRPOTrainer(model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data,
+                       processing_class=tok)
+    with ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2]):
+        grpo.train()
+
+    az_times, grpo_times = step_times(az)[1:], step_times(grpo)[1:]
+    result = {
+        "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU",
+        "generated_tokens_per_step": generated,
+        "absolute_zero_rows_trained_per_step": prompts * g + prompts,
+        "grpo_rows_trained_per_step": rows,
+        "measured_steps": steps,
+        "absolute_zero_step_time_s": az_times,
+        "grpo_step_time_s": grpo_times,
+        "absolute_zero_median_s": statistics.median(az_times),
+        "grpo_median_s": statistics.median(grpo_times),
+        "absolute_zero_generation_calls_per_step": az.state.log_history[0]["generation/calls"],
+    }
+    result["ratio"] = result["absolute_zero_median_s"] / result["grpo_median_s"]
+    # Self-play trains fewer rows than it generates (one question's responses per prompt, one proposal): per trained
+    # row, the cost of the filter and the extra scoring shows.
+    result["ratio_per_trained_row"] = result["ratio"] * rows / (prompts * g + prompts)
+    return result
+
+
+def curves(steps: int) -> dict:
+    spec = importlib.util.spec_from_file_location("absolute_zero_recipe", ROOT / "recipes" / "absolute_zero.py")
+    recipe = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = recipe  # its dataclasses look their module up
+    spec.loader.exec_module(recipe)
+    output_dir = tempfile.mkdtemp()
+    argv = with_default_config(["--output_dir", output_dir, "--max_steps", str(steps)], recipe.DEFAULT_CONFIG)
+    script_args, training_args, model_args = recipe.make_parser().parse_args_and_config(args=argv)
+    training_args.disable_tqdm = True
+    log = recipe.main(script_args, training_args, model_args)
+    keys = ["generation/calls", "generation/proposer_tokens", "generation/solver_tokens",
+            "unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/invalid_rate",
+            "solver/numeric_match_mean", "step_time"]
+    per_step = [{"step": entry["step"], **{key: entry.get(key) for key in keys}} for entry in log
+                if "unified_filter/learnable_ratio" in entry]
+    plot_learning_curves(per_step, keys[:5], RESULTS / "absolute_zero_curves.png",
+                         "Absolute Zero on the CPU default (per step)")
+    return {"model": "SmolLM2-135M-Instruct (embedded default), CPU default recipe config", "steps": per_step}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("part", choices=["overhead", "curves"])
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    if args.part == "overhead":
+        result = overhead(args.steps)
+        plot_learning_curves(
+            [{"step": i + 1, "absolute_zero": a, "grpo": g}
+             for i, (a, g) in enumerate(zip(result["absolute_zero_step_time_s"], result["grpo_step_time_s"]))],
+            ["absolute_zero", "grpo"], RESULTS / "absolute_zero_overhead.png", "step time (s), equal generated tokens")
+    else:
+        result = curves(args.steps)
+    write_json(RESULTS / f"absolute_zero_{args.part}.json", result)
+    print({k: v for k, v in result.items() if not isinstance(v, list)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The task-family interface of [`AbsoluteZeroTrainer`]: what the proposer is asked, how its proposal is parsed into a
+question, how the solver is prompted, and how the solver's responses are scored.
+
+A family is data, not a subclass: another family (code reasoning with a sandboxed executor, or the seeds'
+safety/completion judges) plugs in by building a `TaskFamily` with its own parser, solver prompt and rewards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from datasets import Dataset
+
+from ..rewards.parsing import extract_tag
+
+
+Conversation = list[dict[str, Any]]
+ParseQuestion = Callable[[str], "dict[str, Any] | None"]
+SolverPromptFn = Callable[[dict[str, Any], dict[str, Any]], Conversation]
+
+
+@dataclass
+class TaskFamily:
+    """Everything task-specific about a self-play run.
+
+    Attributes:
+        name: Short name (logs, model card).
+        parse_question: `f(proposal_text) -> dict | None`. `None` marks an invalid proposal (no solver work is spent on
+            it); a dict's fields reach the reward functions as columns (e.g. `question` and the gold `solution`).
+            Called on raw model output: it must never raise.
+        solver_prompt_fn: `f(question_fields, seed_row) -> conversation` the solver answers.
+        reward_funcs: Solver reward functions in TRL's signature; their `__name__`s are the names that
+            `learnability_criteria` refer to.
+        seed_prompts: `f(n, seed) -> Dataset` with a conversational `prompt` column: the proposer prompts.
+        learnability_criteria: The family's default criteria (see `AbsoluteZeroConfig.learnability_criteria`).
+        reward_weights: Default weights of `reward_funcs`.
+    """
+
+    name: str
+    parse_question: ParseQuestion
+    solver_prompt_fn: SolverPromptFn
+    reward_funcs: list[Callable]
+    seed_prompts: Callable[[int, int], Dataset]
+    learnability_criteria: list[dict] | None = None
+    reward_weights: Sequence[float] | None = field(default=None)
+
+
+def tagged_question_parser(tag: str = "question") -> ParseQuestion:
+    """Default parser: the content of the last `<tag>…</tag>` as `{"question": text}`, or `None` without one.
+
+    JSON is allowed: a tag content (or a whole reply) that is a JSON object with a non-empty string `question` gives
+    that object's fields, so a proposal can carry metadata for the reward functions (e.g. a reference answer).
+    """
+
+    def parse_question(text: str) -> dict[str, Any] | None:
+        if not isinstance(text, str):
+            return None
+        content = extract_tag(text, tag)
+        fields = _json_fields(content if content is not None else text)
+        if fields is not None:
+            return fields
+        return {"question": content} if content else None
+
+    return parse_question
+
+
+class _EmptyIfMissing(dict):
+    def __missing__(self, key):
+        return ""
+
+
+_MAX_JSON_CHARS = 20_000
+
+
+def _json_fields(text: str | None) -> dict[str, Any] | None:
+    if not text or len(text) > _MAX_JSON_CHARS or not text.lstrip().startswith("{"):
+        return None
+    try:
+        fields = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(fields, dict) and isinstance(fields.get("question"), str) and fields["question"].strip():
+        return fields
+    return None
+
+
+def template_solver_prompt(template: str = "{question}", system_prompt: str | None = None) -> SolverPromptFn:
+    """Default solver prompt: one user message, `template` formatted with the question's fields (a field the
+    proposal lacks renders empty: proposals are model output)."""
+
+    def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> Conversation:
+        fields = {k: "" if v is None else v for k, v in question.items()}
+        conversation = [{"role": "user", "content": template.format_map(_EmptyIfMissing(fields))}]
+        if system_prompt:
+            conversation.insert(0, {"role": "system", "content": system_prompt})
+        return conversation
+
+    return solver_prompt

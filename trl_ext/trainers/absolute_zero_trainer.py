@@ -1,0 +1,483 @@
+"""Absolute Zero self-play (SPEC §4): one model proposes questions from seed prompts and solves them.
+
+Per seed prompt, a group of `K` proposals is generated and parsed; every valid question is solved `rollout_n` times;
+a question is learnable when its responses' reward scores meet `learnability_criteria`. Prompts whose group is
+uniform are reproposed (only those, up to `max_repropose_attempts`). One learnable question per prompt is drawn, and
+its solver rows train together with proposer rows in one update.
+
+Generation goes through TRL's `_generate` (hence `_generate_single_turn`: vLLM server/colocate or transformers), and
+rewards through TRL's `_calculate_rewards`. Those are collectives under vLLM server mode and multi-process training,
+so the rounds are decided on gathered data: every process makes the same calls with the same row counts, padding
+with copies of a real row when it has less work. Once the rows are chosen, each role's batch is built by
+`GRPOTrainer._generate_and_score_completions` itself, replaying the recorded generations and rewards (see
+`_replaying`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
+are TRL's. The trainer then sets the proposer advantages and the loss masks, and concatenates the two batches.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+from trl.data_utils import is_conversational
+
+from ..core.batch import concat_row_batches
+from ..core.learnability import (
+    counted_ratio,
+    default_criteria,
+    is_learnable,
+    needs_repropose,
+    parse_criteria,
+    select_question,
+)
+from ..core.proposer_rewards import batch_baseline_advantages, group_advantages, padded_rows, proposer_rewards
+from ..rewards.parsing import completion_text
+from ..tasks.base import tagged_question_parser, template_solver_prompt
+from .absolute_zero_config import AbsoluteZeroConfig
+
+
+SOLVER, PROPOSER = 0, 1
+# Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces).
+_RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra",
+             "log_metric", "environments"}
+
+
+@dataclass
+class _Generated:
+    """One generated row, as every process sees it after gathering."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None
+    completion: Any  # TRL's decoded completion (a message list for conversational prompts)
+
+
+@dataclass
+class _Group:
+    """The latest question group of one seed prompt."""
+
+    proposals: list[_Generated] = field(default_factory=list)
+    questions: list[dict | None] = field(default_factory=list)  # None: invalid proposal
+    solver_inputs: dict[int, dict] = field(default_factory=dict)  # proposal index -> reward-function input row
+    responses: dict[int, list[_Generated]] = field(default_factory=dict)  # proposal index -> rollout_n responses
+    rewards: dict[int, torch.Tensor] = field(default_factory=dict)  # proposal index -> (rollout_n, num_rewards)
+    learnable: list[bool | None] = field(default_factory=list)
+    solve_rates: list[float | None] = field(default_factory=list)
+    rounds: int = 0
+
+
+class AbsoluteZeroTrainer(GRPOTrainer):
+    """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
+
+    Args:
+        model: As [`~trl.GRPOTrainer`].
+        reward_funcs: Solver reward functions in TRL's signature. The parsed question's fields arrive as columns
+            (e.g. the gold `solution`), with the seed row's other columns. Their names are what
+            `learnability_criteria` refer to.
+        args: An [`AbsoluteZeroConfig`].
+        parse_question: `f(proposal_text) -> dict | None`; `None` marks an invalid proposal. Defaults to the content
+            of `<question_tag>` as `{"question": ...}`. An exception counts as an invalid proposal.
+        solver_prompt_fn: `f(question_fields, seed_row) -> conversation`. Defaults to `solver_prompt_template` (and
+            `solver_system_prompt`) formatted with the question's fields.
+        **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset`,
+            `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
+            [`~trl.GRPOTrainer`].
+
+    Batch rows (per process): the solver rows, in the order of the seed rows received (rollout_n per prompt), then
+    the proposer rows with zero-loss padding; `role` is 0 for solver and 1 for proposer rows, and `tool_mask` zeroes
+    the loss of unresolved prompts' solver rows and of padding rows.
+    """
+
+    _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
+    _name = "Absolute Zero"
+    _paper = {
+        "title": "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
+        "id": "2505.03335",
+        "citation": textwrap.dedent(
+            """\
+            @article{zhao2025absolute,
+                title        = {{Absolute Zero: Reinforced Self-play Reasoning with Zero Data}},
+                author       = {Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang},
+                year         = 2025,
+                journal      = {arXiv preprint arXiv:2505.03335}
+            }"""
+        ),
+    }
+
+    def __init__(self, model, reward_funcs, args: AbsoluteZeroConfig | None = None, parse_question=None,
+                 solver_prompt_fn=None, **kwargs):
+        if args is None:
+            args = AbsoluteZeroConfig("AbsoluteZero")
+        if not isinstance(args, AbsoluteZeroConfig):
+            raise TypeError(f"args must be an AbsoluteZeroConfig, got {type(args).__name__}.")
+        for unsupported in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(
+                    f"AbsoluteZeroTrainer builds its own self-play rollout; `{unsupported}` is not supported."
+                )
+        if not reward_funcs:
+            raise ValueError("reward_funcs must hold at least one solver reward function (e.g. a numeric match).")
+        for split in ("train_dataset", "eval_dataset"):
+            _check_dataset(kwargs.get(split), split)
+        super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
+
+        self.parse_question = parse_question or tagged_question_parser(args.question_tag)
+        self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
+            args.solver_prompt_template, args.solver_system_prompt
+        )
+        if args.learnability_criteria is not None:
+            self._criteria = parse_criteria(args.learnability_criteria)
+            unknown = [c.reward for c in self._criteria if c.reward not in self.reward_func_names]
+            if unknown:
+                raise ValueError(
+                    f"learnability_criteria name reward(s) {unknown} that are not among the reward functions "
+                    f"{self.reward_func_names}; use one of those names (a function's __name__)."
+                )
+        else:
+            self._criteria = None  # the default depends on the group size, which differs in evaluation
+        self._replay = None  # (generation tuple, gathered rewards) while TRL builds a role's batch
+        self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
+
+    # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
+    def _generate(self, prompts):
+        if self._replay is not None:
+            return self._replay[0]
+        return super()._generate(prompts)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._replay is not None:
+            return self._replay[1]
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _compute_loss(self, model, inputs):
+        # Proposer rows are weighted here rather than in the batch, so logged advantages stay comparable per role.
+        advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)
+        if "role" in inputs:
+            weight = torch.where(inputs["role"] == PROPOSER, self.args.proposer_loss_weight, 1.0)
+            advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
+        return super()._compute_loss(model, {**inputs, "advantages": advantages})
+
+    # -- scoping -----------------------------------------------------------------------------------------------------
+    @contextmanager
+    def _scoped(self, mode, prefix=None, max_new_tokens=None, **attributes):
+        """Set trainer attributes (and the generation length) for one call; metrics it appends move under `prefix`."""
+        saved = {name: getattr(self, name) for name in attributes}
+        lengths = [(obj, key, _get(obj, key)) for obj, key in self._generation_length_settings()]
+        before = {k: len(v) for k, v in self._metrics[mode].items()}
+        for name, value in attributes.items():
+            setattr(self, name, value)
+        if max_new_tokens is not None:
+            for obj, key, _ in lengths:
+                _set(obj, key, max_new_tokens)
+        try:
+            yield
+        finally:
+            for obj, key, value in lengths:
+                _set(obj, key, value)
+            for name, value in saved.items():
+                setattr(self, name, value)
+            if prefix is not None:
+                for key in list(self._metrics[mode]):
+                    values = self._metrics[mode][key]
+                    start = before.get(key, 0)
+                    if key == "num_tokens" or len(values) <= start:
+                        continue
+                    self._metrics[mode][f"{prefix}/{key}"].extend(values[start:])
+                    del values[start:]
+                    if not values:
+                        del self._metrics[mode][key]
+
+    def _generation_length_settings(self):
+        """Where each generation backend reads its maximum new tokens: `(container, key)` pairs."""
+        settings = []
+        if getattr(self, "generation_config", None) is not None:  # transformers generate / continuous batching
+            settings.append((self.generation_config, "max_new_tokens"))
+        if isinstance(getattr(self, "generation_kwargs", None), dict) and "max_new_tokens" in self.generation_kwargs:
+            settings.append((self.generation_kwargs, "max_new_tokens"))
+        if self.use_vllm:
+            settings.append((self.vllm_generation, "max_completion_length"))
+        return settings
+
+    @contextmanager
+    def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
+        """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
+        (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating."""
+        logprobs = [r.logprobs for r in rows]
+        generation = (
+            [r.prompt_ids for r in rows], [r.completion_ids for r in rows], None, [r.completion for r in rows],
+            None if any(lp is None for lp in logprobs) else logprobs, {}, None, [],
+        )
+        self._replay = (generation, rewards.to(self.accelerator.device))
+        try:
+            yield
+        finally:
+            self._replay = None
+
+    # -- generation rounds -------------------------------------------------------------------------------------------
+    def _local_share(self, items: list) -> list:
+        """This process's equal share of `items`, padded with copies of the first item to a multiple of the number
+        of processes: every process then generates the same number of rows (vLLM server mode and gathers need it)."""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        per_process = -(-len(items) // world)
+        padded = items + [items[0]] * (per_process * world - len(items))
+        return padded[rank * per_process:(rank + 1) * per_process]
+
+    def _generate_rows(self, prompts: list, num_generations: int, mode: str, prefix: str | None,
+                       max_new_tokens: int | None) -> list[_Generated]:
+        """One `_generate` call on this process's rows; returns every process's rows, in process order."""
+        with self._scoped(mode, prefix, max_new_tokens, num_generations=num_generations,
+                          num_generations_eval=num_generations):
+            prompt_ids, completion_ids, _, completions, logprobs, _, _, _ = self._generate(prompts)
+        logprobs = logprobs or [None] * len(prompts)
+        local = [_Generated(list(map(int, p)), list(map(int, c)), lp, comp)
+                 for p, c, lp, comp in zip(prompt_ids, completion_ids, logprobs, completions, strict=True)]
+        rows = gather_object(local)
+        self._generation_calls += 1
+        self._generated[f"{prefix or 'solver'}_rows"] += len(rows)
+        self._generated[f"{prefix or 'solver'}_tokens"] += sum(len(r.completion_ids) for r in rows)
+        return rows
+
+    def _proposer_prompt(self, seed_row):
+        prompt = seed_row["prompt"]
+        template = self.args.proposer_prompt_template
+        if template is None:
+            return prompt
+        *context, last = prompt
+        return [*context, {**last, "content": template.replace("{prompt}", completion_text([last]))}]
+
+    def _parse(self, completion) -> dict | None:
+        try:
+            question = self.parse_question(completion_text(completion))
+        except Exception:  # noqa: BLE001 - model output must not stop training: an invalid proposal
+            return None
+        if not isinstance(question, dict):
+            return None
+        # Fields become reward-function keyword arguments: a model-written name must not collide with TRL's own.
+        question = {k: v for k, v in question.items() if isinstance(k, str) and k.isidentifier()
+                    and k not in _RESERVED}
+        return question or None
+
+    def _round(self, pending: list[int], seeds: list[dict], groups: list[_Group], group_size: int, mode: str):
+        """Propose a fresh group for each pending prompt, solve every valid question, judge learnability."""
+        args, k = self.args, self.args.num_questions_per_prompt
+        share = self._local_share(pending)
+        prompts = [self._proposer_prompt(seeds[p]) for p in share for _ in range(k)]
+        proposals = self._generate_rows(prompts, k, mode, "proposer", args.max_question_length)
+        for j, p in enumerate(pending):  # the padding copies come after the real prompts
+            group = groups[p] = _Group(rounds=groups[p].rounds + 1)
+            group.proposals = proposals[j * k:(j + 1) * k]
+            group.questions = [self._parse(row.completion) for row in group.proposals]
+
+        valid = [(p, i) for p in pending for i, q in enumerate(groups[p].questions) if q is not None]
+        if valid:
+            columns = sorted({key for p, i in valid for key in groups[p].questions[i]})
+            for p, i in valid:
+                fields = {key: groups[p].questions[i].get(key) for key in columns}
+                row = {key: value for key, value in seeds[p].items() if key != "prompt"}
+                groups[p].solver_inputs[i] = {**row, **fields, "prompt": self.solver_prompt_fn(fields, seeds[p])}
+            share = self._local_share(valid)
+            inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
+            prompts = [row["prompt"] for row in inputs]
+            responses = self._generate_rows(prompts, group_size, mode, None, None)
+            local = responses[self.accelerator.process_index * len(inputs):][:len(inputs)]
+            rewards = super()._calculate_rewards(
+                inputs, prompts, [r.completion for r in local], [r.completion_ids for r in local]
+            ).cpu()
+            # Columns logged by reward functions describe rows that may not be kept; TRL's table has no place for them.
+            self._pending_extra_logs.clear()
+            for n, (p, i) in enumerate(valid):
+                rows = slice(n * group_size, (n + 1) * group_size)
+                groups[p].responses[i] = responses[rows]
+                groups[p].rewards[i] = rewards[rows]
+
+        criteria = self._criteria or default_criteria(self.reward_func_names[0], group_size)
+        for p in pending:
+            group = groups[p]
+            for i, question in enumerate(group.questions):
+                if question is None:
+                    group.learnable.append(None)
+                    group.solve_rates.append(None)
+                    continue
+                scores = {name: group.rewards[i][:, f].tolist() for f, name in enumerate(self.reward_func_names)}
+                group.learnable.append(is_learnable(scores, criteria))
+                group.solve_rates.append(counted_ratio(scores[criteria[0].reward], criteria[0]))
+
+    def _selection_rng(self) -> random.Random:
+        """Seeded by (seed, global step, draw at that step): identical on every process, and reproduced on resume."""
+        step, draws = self._draw
+        draws = draws + 1 if step == self.state.global_step else 0
+        self._draw = (self.state.global_step, draws)
+        return random.Random(f"{self.args.seed}-{self.state.global_step}-{draws}")
+
+    # -- the self-play batch -----------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        args = self.args
+        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        self._generation_calls, self._generated = 0, defaultdict(int)
+
+        seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
+        groups = [_Group() for _ in seeds]
+        pending, reproposed, attempts = list(range(len(seeds))), set(), 0
+        while True:
+            self._round(pending, seeds, groups, group_size, mode)
+            pending = [p for p in pending if needs_repropose(groups[p].learnable)]
+            if not pending or groups[pending[0]].rounds > args.max_repropose_attempts:
+                break
+            reproposed.update(pending)
+            attempts += len(pending)
+
+        rng = self._selection_rng()
+        selected = [select_question(g.learnable, rng) for g in groups]
+        unresolved = [s is None for s in selected]
+        rewards = [
+            proposer_rewards(g.learnable, g.solve_rates, u, args.proposer_reward_mode, args.invalid_question_reward,
+                             args.repropose_penalty)
+            for g, u in zip(groups, unresolved, strict=True)
+        ]
+
+        solver = self._solver_batch(seeds, groups, selected, group_size, rank, len(inputs))
+        proposer, num_proposer_rows = self._proposer_batch(seeds, groups, selected, rewards, mode, world, rank)
+        for batch, role in ((solver, SOLVER), (proposer, PROPOSER)):
+            batch["role"] = torch.full((batch["advantages"].size(0),), role, dtype=torch.long,
+                                       device=batch["advantages"].device)
+        batch = concat_row_batches([solver, proposer], pad_token_id=self._tokenizer.pad_token_id)
+        loss_mask = batch["completion_mask"] * batch["tool_mask"]
+        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+        self._log_self_play(mode, groups, selected, rewards, reproposed, attempts, num_proposer_rows, group_size)
+        return batch
+
+    def _solver_batch(self, seeds, groups, selected, group_size, rank, num_local):
+        """Solver rows in the order of the seed rows: the selected question's responses. An unresolved prompt keeps
+        its first valid question's rows, or with none its first proposal as a stand-in (rewards NaN), at zero loss."""
+        rows, rewards, inputs, keep = [], [], [], []
+        for p, (group, choice) in enumerate(zip(groups, selected, strict=True)):
+            index = choice if choice is not None else min(group.responses, default=None)
+            if index is None:
+                rows.extend([group.proposals[0]] * group_size)
+                rewards.append(torch.full((group_size, len(self.reward_funcs)), torch.nan))
+                inputs.extend([{**seeds[p], "prompt": self._proposer_prompt(seeds[p])}] * group_size)
+            else:
+                rows.extend(group.responses[index])
+                rewards.append(group.rewards[index])
+                inputs.extend([group.solver_inputs[index]] * group_size)
+            keep.extend([choice is not None] * group_size)
+        local = slice(rank * num_local, (rank + 1) * num_local)
+        with self._replaying(rows[local], torch.cat(rewards)):
+            batch = super()._generate_and_score_completions(inputs[local])
+        mask = torch.tensor(keep[local], dtype=torch.long, device=batch["advantages"].device)
+        batch["tool_mask"] = batch.get("tool_mask", torch.ones_like(batch["completion_mask"])) * mask.unsqueeze(1)
+        batch["advantages"] = batch["advantages"] * mask
+        return batch
+
+    def _proposer_batch(self, seeds, groups, selected, rewards, mode, world, rank):
+        """Proposer rows (one per prompt, or K), padded to a per-process multiple of `steps_per_generation`."""
+        args, k = self.args, self.args.num_questions_per_prompt
+        slots = []  # (prompt, proposal) in row order
+        for p, (group, choice) in enumerate(zip(groups, selected, strict=True)):
+            if args.proposer_rows == "all":
+                slots.extend((p, i) for i in range(k))
+            else:
+                fallback = next((i for i, q in enumerate(group.questions) if q is not None), 0)
+                slots.append((p, fallback if choice is None else choice))
+        real = torch.tensor([rewards[p][i] for p, i in slots], dtype=torch.float32)
+        if args.proposer_rows == "all":
+            advantages = group_advantages(real, k, self.scale_rewards)
+        else:
+            advantages = batch_baseline_advantages(real, self.scale_rewards)
+
+        multiple = args.steps_per_generation if mode == "train" else 1
+        per_process = padded_rows(len(slots), world, multiple)
+        pad = per_process * world - len(slots)
+        slots = slots + [slots[0]] * pad
+        real = torch.cat([real, torch.zeros(pad)])
+        advantages = torch.cat([advantages, torch.zeros(pad)])
+        keep = torch.cat([torch.ones(len(slots) - pad), torch.zeros(pad)])
+
+        local = slice(rank * per_process, (rank + 1) * per_process)
+        rows = [groups[p].proposals[i] for p, i in slots][local]
+        local_inputs = [{**seeds[p], "prompt": self._proposer_prompt(seeds[p])} for p, _ in slots[local]]
+        # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
+        # TRL's completions table stays about solver rows (its columns must have equal lengths).
+        with self._scoped(mode, "proposer", num_generations=1, num_generations_eval=1, reward_func_names=["proposer"],
+                          reward_weights=torch.ones(1), multi_objective_aggregation="sum_then_normalize",
+                          _logs=_empty_logs()), self._replaying(rows, real.unsqueeze(1)):
+            batch = super()._generate_and_score_completions(local_inputs)
+        device = batch["advantages"].device
+        batch["advantages"] = advantages[local].to(device)
+        mask = keep[local].to(device=device, dtype=torch.long)
+        batch["tool_mask"] = batch.get("tool_mask", torch.ones_like(batch["completion_mask"])) * mask.unsqueeze(1)
+        return batch, len(slots) - pad
+
+    def _log_self_play(self, mode, groups, selected, rewards, reproposed, attempts, num_proposer_rows, group_size):
+        """SPEC §4 metrics, computed from gathered data (identical on every process)."""
+        m = self._metrics[mode]
+        learnable = [x for g in groups for x in g.learnable if x is not None]
+        proposals = [x for g in groups for x in g.learnable]
+        trained_rewards = [r for g_rewards in rewards for r in g_rewards]
+        resolved = sum(s is not None for s in selected)
+        m["unified_filter/num_learnable"].append(float(sum(learnable)))
+        m["unified_filter/num_total"].append(float(len(learnable)))
+        m["unified_filter/learnable_ratio"].append(sum(learnable) / len(learnable) if learnable else 0.0)
+        m["unified_filter/num_sampled"].append(float(resolved))
+        m["unified_filter/num_repropose"].append(float(len(reproposed)))
+        m["repropose/total_attempts"].append(float(attempts))
+        m["repropose/rounds"].append(float(max(g.rounds for g in groups) - 1))
+        m["repropose/final_non_learnable"].append(float(len(groups) - resolved))
+        m["proposer/reward_mean"].append(sum(trained_rewards) / len(trained_rewards))
+        m["proposer/invalid_rate"].append(sum(x is None for x in proposals) / len(proposals))
+        m["proposer/num_integrated"].append(float(num_proposer_rows))
+        m["joint/proposer_solver_ratio"].append(num_proposer_rows / max(resolved * group_size, 1))
+        m["generation/calls"].append(float(self._generation_calls))
+        for name, count in self._generated.items():
+            m[f"generation/{name}"].append(float(count))
+        all_rewards = [r for g in groups for r in g.rewards.values()]
+        if all_rewards:
+            table = torch.cat(all_rewards)
+            for f, name in enumerate(self.reward_func_names):
+                column = table[:, f]
+                column = column[~torch.isnan(column)]
+                if column.numel():
+                    m[f"solver/{name}_mean"].append(column.mean().item())
+
+
+def _empty_logs():
+    return {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+            "extra": defaultdict(list)}
+
+
+def _get(obj, key):
+    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def _set(obj, key, value):
+    if isinstance(obj, dict):
+        obj[key] = value
+    else:
+        setattr(obj, key, value)
+
+
+def _check_dataset(dataset, split):
+    """Fail at init, naming the column: seed prompts are conversations the proposer continues."""
+    if dataset is None:
+        return
+    for ds in dataset.values() if isinstance(dataset, dict) else [dataset]:
+        columns = getattr(ds, "column_names", None)
+        if columns is None:
+            continue
+        if "prompt" not in columns:
+            raise ValueError(f"{split} has no 'prompt' column (columns: {columns}); it must hold the seed prompts.")
+        if not is_conversational(next(iter(ds))):
+            raise ValueError(
+                f"{split} prompts must be conversational (a list of messages): the proposer and solver prompts go "
+                "through the chat template."
+            )
