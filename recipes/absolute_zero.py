@@ -13,20 +13,18 @@ solver prompt and solver rewards. Writes to `output_dir`: `metrics.json` (summar
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformers import AutoTokenizer
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import get_peft_config
 
 from trl_ext.recipe import (
     RecipeScriptArguments,
     load_recipe_dataset,
     plot_learning_curves,
     resolve_model,
-    with_default_config,
+    run_recipe,
     write_json,
 )
 from trl_ext.tasks import arithmetic_task
@@ -111,14 +109,5 @@ def main(script_args, training_args, model_args):
     return trainer.state.log_history
 
 
-def make_parser():
-    return TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
-
-
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config(
-        args=with_default_config(sys.argv[1:], DEFAULT_CONFIG)
-    )
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(script_args, training_args, model_args)
+    run_recipe(main, AbsoluteZeroScriptArguments, AbsoluteZeroConfig, DEFAULT_CONFIG)

@@ -41,6 +41,7 @@ from ..core.proposer_rewards import batch_baseline_advantages, group_advantages,
 from ..rewards.parsing import completion_text
 from ..tasks.base import tagged_question_parser, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
+from .scoping import scoped_call
 
 
 SOLVER, PROPOSER = 0, 1
@@ -164,47 +165,6 @@ class AbsoluteZeroTrainer(GRPOTrainer):
             advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
         return super()._compute_loss(model, {**inputs, "advantages": advantages})
 
-    # -- scoping -----------------------------------------------------------------------------------------------------
-    @contextmanager
-    def _scoped(self, mode, prefix=None, max_new_tokens=None, **attributes):
-        """Set trainer attributes (and the generation length) for one call; metrics it appends move under `prefix`."""
-        saved = {name: getattr(self, name) for name in attributes}
-        lengths = [(obj, key, _get(obj, key)) for obj, key in self._generation_length_settings()]
-        before = {k: len(v) for k, v in self._metrics[mode].items()}
-        for name, value in attributes.items():
-            setattr(self, name, value)
-        if max_new_tokens is not None:
-            for obj, key, _ in lengths:
-                _set(obj, key, max_new_tokens)
-        try:
-            yield
-        finally:
-            for obj, key, value in lengths:
-                _set(obj, key, value)
-            for name, value in saved.items():
-                setattr(self, name, value)
-            if prefix is not None:
-                for key in list(self._metrics[mode]):
-                    values = self._metrics[mode][key]
-                    start = before.get(key, 0)
-                    if key == "num_tokens" or len(values) <= start:
-                        continue
-                    self._metrics[mode][f"{prefix}/{key}"].extend(values[start:])
-                    del values[start:]
-                    if not values:
-                        del self._metrics[mode][key]
-
-    def _generation_length_settings(self):
-        """Where each generation backend reads its maximum new tokens: `(container, key)` pairs."""
-        settings = []
-        if getattr(self, "generation_config", None) is not None:  # transformers generate / continuous batching
-            settings.append((self.generation_config, "max_new_tokens"))
-        if isinstance(getattr(self, "generation_kwargs", None), dict) and "max_new_tokens" in self.generation_kwargs:
-            settings.append((self.generation_kwargs, "max_new_tokens"))
-        if self.use_vllm:
-            settings.append((self.vllm_generation, "max_completion_length"))
-        return settings
-
     @contextmanager
     def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
         """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
@@ -232,7 +192,7 @@ class AbsoluteZeroTrainer(GRPOTrainer):
     def _generate_rows(self, prompts: list, num_generations: int, mode: str, prefix: str | None,
                        max_new_tokens: int | None) -> list[_Generated]:
         """One `_generate` call on this process's rows; returns every process's rows, in process order."""
-        with self._scoped(mode, prefix, max_new_tokens, num_generations=num_generations,
+        with scoped_call(self, mode, prefix, max_new_tokens, num_generations=num_generations,
                           num_generations_eval=num_generations):
             prompt_ids, completion_ids, _, completions, logprobs, _, _, _ = self._generate(prompts)
         logprobs = logprobs or [None] * len(prompts)
@@ -408,7 +368,7 @@ class AbsoluteZeroTrainer(GRPOTrainer):
         local_inputs = [{**seeds[p], "prompt": self._proposer_prompt(seeds[p])} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
-        with self._scoped(mode, "proposer", num_generations=1, num_generations_eval=1, reward_func_names=["proposer"],
+        with scoped_call(self, mode, "proposer", num_generations=1, num_generations_eval=1, reward_func_names=["proposer"],
                           reward_weights=torch.ones(1), multi_objective_aggregation="sum_then_normalize",
                           _logs=_empty_logs()), self._replaying(rows, real.unsqueeze(1)):
             batch = super()._generate_and_score_completions(local_inputs)
@@ -453,17 +413,6 @@ class AbsoluteZeroTrainer(GRPOTrainer):
 def _empty_logs():
     return {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
             "extra": defaultdict(list)}
-
-
-def _get(obj, key):
-    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
-
-
-def _set(obj, key, value):
-    if isinstance(obj, dict):
-        obj[key] = value
-    else:
-        setattr(obj, key, value)
 
 
 def _check_dataset(dataset, split):

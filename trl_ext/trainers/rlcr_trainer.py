@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import textwrap
 from collections import defaultdict
-from contextlib import contextmanager
 
 import torch
 from trl import GRPOTrainer
@@ -31,6 +30,7 @@ from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
 from .rlcr_config import RLCRMultiTurnConfig
+from .scoping import scoped_call
 
 
 ANSWER, CONFIDENCE = 0, 1
@@ -126,62 +126,30 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._last_rewards_per_func
 
-    @contextmanager
     def _confidence_turn(self, turn2_prompt_ids, mode):
-        """Scope what differs in the confidence turn's call of `_generate_and_score_completions`."""
+        """Scope what differs in the confidence turn's call of `_generate_and_score_completions`; the metrics it
+        appends (lengths, reward stats, IS ratios) move under `confidence/`."""
         args = self.args
-        saved = {
-            name: getattr(self, name)
-            for name in ("num_generations", "num_generations_eval", "reward_funcs", "reward_func_names",
-                         "reward_weights", "reward_processing_classes", "scale_rewards",
-                         "multi_objective_aggregation", "_logs")
-        }
-        self.num_generations = self.num_generations_eval = args.num_generations_confidence
-        self.reward_funcs = [self._brier_reward]
-        self.reward_func_names = ["brier"]
-        self.reward_weights = torch.ones(1)
-        self.reward_processing_classes = [None]
-        self.scale_rewards = args.confidence_scale_rewards
-        # one reward: "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides by std)
-        self.multi_objective_aggregation = "sum_then_normalize"
-        # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
-        self._logs = {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
-                      "extra": defaultdict(list)}
-        self._turn2_prompt_ids = turn2_prompt_ids
-        lengths = [(obj, key, _get(obj, key)) for obj, key in self._generation_length_settings()]
-        for obj, key, _ in lengths:
-            _set(obj, key, args.max_confidence_length)
-        metrics_before = {k: len(v) for k, v in self._metrics[mode].items()}
-        try:
-            yield
-        finally:
-            for obj, key, value in lengths:
-                _set(obj, key, value)
-            for name, value in saved.items():
-                setattr(self, name, value)
-            self._turn2_prompt_ids = None
-            # Metrics the confidence call appended (lengths, reward stats, IS ratios) move under `confidence/`.
-            for key in list(self._metrics[mode]):
-                if key == "num_tokens":
-                    continue
-                values = self._metrics[mode][key]
-                new = values[metrics_before.get(key, 0):]
-                if new:
-                    del values[metrics_before.get(key, 0):]
-                    self._metrics[mode][f"confidence/{key}"].extend(new)
-                    if not values:
-                        del self._metrics[mode][key]
-
-    def _generation_length_settings(self):
-        """Where each generation backend reads its maximum new tokens: `(container, key)` pairs."""
-        settings = []
-        if getattr(self, "generation_config", None) is not None:  # transformers generate / continuous batching
-            settings.append((self.generation_config, "max_new_tokens"))
-        if isinstance(getattr(self, "generation_kwargs", None), dict) and "max_new_tokens" in self.generation_kwargs:
-            settings.append((self.generation_kwargs, "max_new_tokens"))
-        if self.use_vllm:
-            settings.append((self.vllm_generation, "max_completion_length"))
-        return settings
+        return scoped_call(
+            self,
+            mode,
+            prefix="confidence",
+            max_new_tokens=args.max_confidence_length,
+            num_generations=args.num_generations_confidence,
+            num_generations_eval=args.num_generations_confidence,
+            reward_funcs=[self._brier_reward],
+            reward_func_names=["brier"],
+            reward_weights=torch.ones(1),
+            reward_processing_classes=[None],
+            scale_rewards=args.confidence_scale_rewards,
+            # one reward: "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides
+            # by std)
+            multi_objective_aggregation="sum_then_normalize",
+            # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
+            _logs={"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+                   "extra": defaultdict(list)},
+            _turn2_prompt_ids=turn2_prompt_ids,
+        )
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -321,17 +289,6 @@ def _histogram_sinks(callbacks):
             if wandb.run is not None:
                 sinks.append(lambda name, values, step, w=wandb: w.log({name: w.Histogram(values.tolist())}, commit=False))
     return sinks
-
-
-def _get(obj, key):
-    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
-
-
-def _set(obj, key, value):
-    if isinstance(obj, dict):
-        obj[key] = value
-    else:
-        setattr(obj, key, value)
 
 
 def _check_dataset(dataset, split, solution_column):
