@@ -33,7 +33,7 @@ def test_first_batch_is_plain_grpo_and_fills_the_buffer(run):
     assert "exp_mask" not in batches[0] and not plans[0].has_replay
     assert group_task_names(plans[0]) == ["A", "B"]
     # A (2 of 4 right) is in the collection window 0 < 2 < 4, B (none right) is not: one stored trajectory.
-    assert trainer.state.log_history[0]["replay/buffer_trajectories"] == 1
+    assert trainer.state.log_history[1]["replay/buffer_trajectories"] == 1  # logged when step 1 is planned
 
 
 def test_replay_group_holds_fresh_rows_and_the_stored_trajectory(run):
@@ -98,4 +98,34 @@ def test_retired_task_is_not_trained_as_an_ordinary_prompt(run):
     decoded = [[task_of(trainer.processing_class.decode(ids)) for ids in call.prompt_ids] for call in calls]
     assert "D" in decoded[1] and all("D" not in tasks for tasks in decoded[2:])
     assert plans[3].retired_replaced == 1  # step 3 again draws C and D from the dataset
-    assert trainer.state.log_history[1]["replay/num_retired"] == 1
+    assert trainer.state.log_history[2]["replay/num_retired"] == 1  # the buffer step 2 is planned from
+
+
+def test_collection_reuses_the_loss_forward_before_replay(tmp_path):
+    # Aligned steps without vLLM: TRL computes no old log-probs, and collecting needs no forward pass of its own.
+    trainer = make_trainer(tmp_path, max_steps=2, replay_start_ratio=1.0)
+    forwards = []
+    original = trainer._get_per_token_logps_and_entropies
+
+    def counted(*args, **kwargs):
+        result = original(*args, **kwargs)
+        forwards.append(result[0].detach().clone())
+        return result
+
+    trainer._get_per_token_logps_and_entropies = counted
+    with scripted(trainer), BatchRecorder(trainer) as rec:
+        trainer.train()
+    assert len(forwards) == 2  # one loss forward per step, nothing else
+    # A (step 0) and C (step 1, collected when training ended) carry exactly the log-probs of their step's loss
+    # forward, under the weights that generated them.
+    stored = [t for ts in trainer.experience.task2trajectories.values() for t in ts]
+    assert sorted(t.policy_version for t in stored) == [0, 1]
+    for trajectory in stored:
+        step = trajectory.policy_version
+        assert any(
+            row[: trajectory.num_tokens].tolist() == trajectory.completion_ids.tolist()
+            for row in rec.batches[step]["completion_ids"]
+        )
+        # the loss forward saw the rows shuffled: the trajectory's row is one of them
+        loss_rows = forwards[step][:, : trajectory.num_tokens]
+        assert any(torch.equal(trajectory.logps, row) for row in loss_rows)

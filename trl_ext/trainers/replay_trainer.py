@@ -37,6 +37,7 @@ from ..core.experience import (
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
 from .replay_config import ReplayGRPOConfig
 
+
 STATE_FILE = "replay_state.pt"
 
 
@@ -61,6 +62,41 @@ class ReplayPlan:
     @property
     def has_replay(self) -> bool:
         return any(self.global_stored)
+
+
+@dataclass
+class CollectedRow:
+    """A successful fresh rollout to store, on the process that generated it; log-probs and entropy come from the
+    first forward pass of the policy over it."""
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    reward: float
+    prompt_ids: torch.Tensor
+    example: dict
+    logps: torch.Tensor | None = None
+    entropy: float | None = None
+
+    def fill(self, logps: torch.Tensor, entropies: torch.Tensor) -> None:
+        mask = self.completion_mask.to(entropies.device)
+        self.logps = logps[: self.completion_ids.numel()].detach().float().cpu()
+        self.entropy = float(masked_mean_entropy(entropies.detach()[None], mask[None]).item())
+
+    def trajectory_fields(self, step: int) -> dict:
+        return {"completion_ids": self.completion_ids, "logps": self.logps, "reward": self.reward,
+                "entropy": self.entropy, "policy_version": step}
+
+
+@dataclass
+class PendingCollection:
+    """One generation batch's group outcomes and the local rows to store."""
+
+    outcomes: list[GroupOutcome]
+    records: dict[int, CollectedRow]
+    """Gathered row index -> row, for this process's rows."""
+    step: int
+    records_expected: bool = True
+    """Whether any process has rows to store (then the gather runs on every process)."""
 
 
 class ReplayGRPOTrainer(GRPOTrainer):
@@ -128,6 +164,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._plan: ReplayPlan | None = None  # set while a training batch generates
         self._last_rewards_per_func = None
         self._capture_forward = None  # list receiving (logps, entropies) of the next policy forward
+        self._pending: PendingCollection | None = None  # rows to store once the loss forward gave their log-probs
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     def _tokenize_prompts(self, prompts):
@@ -204,6 +241,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         if not self.replay_active and self.state.max_steps > 0:
             self.replay_active = self.state.global_step / self.state.max_steps >= args.replay_start_ratio
 
+        self._flush_pending()
+        self._log_buffer()
         plan = self._plan_batch(list(inputs))
         self._plan = plan
         capture = []
@@ -221,12 +260,28 @@ class ReplayGRPOTrainer(GRPOTrainer):
         fresh = ~torch.tensor(plan.global_stored, device=success.device)
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
         logps, entropies = capture if capture else (None, None)
-
         if plan.has_replay and logps is None:
             # TRL skipped old log-probs (aligned steps, no vLLM); on-policy rows need them next to the recorded ones.
             logps, entropies = self._policy_logps_and_entropies(output, range(len(plan.local_inputs)))
-        outcomes = self._outcomes(plan, output, success, logps, entropies)
-        self.experience.update(outcomes, self.state.global_step)
+
+        outcomes, wanted = self._group_outcomes(plan, success)
+        local = [i - plan.offset for i in wanted if plan.offset <= i < plan.offset + len(plan.local_inputs)]
+        records = {plan.offset + i: self._local_record(plan, output, i) for i in local}
+        records = {row: record for row, record in records.items() if record is not None}
+        pending = PendingCollection(outcomes, records, self.state.global_step, records_expected=bool(wanted))
+        if logps is not None or not wanted:
+            for row, record in records.items():
+                record.fill(logps[row - plan.offset], entropies[row - plan.offset])
+            self._collect(pending)
+        else:
+            # No forward pass of the policy happened yet: the first loss forward over these rows (same weights, as
+            # TRL only skips old log-probs when no optimizer step falls inside a generation batch) supplies their
+            # log-probs and entropies; the buffer is updated before the next batch is planned.
+            self._pending = pending
+            rows = torch.full((len(plan.local_inputs),), -1, dtype=torch.long, device=output["completion_ids"].device)
+            for row in records:
+                rows[row - plan.offset] = row
+            output["replay_collect"] = rows
 
         if plan.has_replay:
             self._add_replay_keys(output, plan, logps)
@@ -266,7 +321,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             balanced = [g for rnd in zip_longest(*by_rank.values()) for g in rnd if g is not None]
             candidates = retired + balanced[: max(target - len(retired), 0)]
             tasks = self.experience.sample_tasks(len(candidates), k, self.state.global_step, exclude=group_tasks)
-            replay = dict(zip(candidates, tasks))
+            replay = dict(zip(candidates, tasks, strict=False))  # fewer tasks than slots: the rest stay fresh
         for g, task in replay.items():
             group_tasks[g] = task
             group_examples[g] = self.experience.task_examples[task]
@@ -347,55 +402,57 @@ class ReplayGRPOTrainer(GRPOTrainer):
             entropies[index[: len(rows)]] = part_entropies[: len(rows)].float()
         return logps, entropies
 
-    def _outcomes(self, plan: ReplayPlan, output, success, logps, entropies) -> list[GroupOutcome]:
-        """Per group of the gathered batch: fresh successes and, for tasks in the collection window, the successful
-        fresh rollouts with their log-probs and mean entropies (gathered from the processes that hold them)."""
+    def _group_outcomes(self, plan: ReplayPlan, success) -> tuple[list[GroupOutcome], list[int]]:
+        """Per group of the gathered batch, its fresh successes; and the gathered rows to store: the successful fresh
+        rollouts of tasks in the collection window."""
         n, exp = self.num_generations, self.experience
-        local_count = len(plan.local_inputs)
-        outcomes, wanted = [], set()
+        outcomes, wanted = [], []
         for g, task in enumerate(plan.group_tasks):
             rows = [i for i in range(g * n, (g + 1) * n) if not plan.global_stored[i]]
             wins = [i for i in rows if success[i]]
             outcomes.append(GroupOutcome(task, len(wins), len(rows)))
             bucket = success_bucket(len(wins), len(rows), n)
             if len(wins) < len(rows) and exp.lbound < bucket < exp.rbound:
-                wanted.update(wins)
-        local_rows = [i - plan.offset for i in sorted(wanted) if plan.offset <= i < plan.offset + local_count]
-        if not wanted:
-            return outcomes
-        if logps is None:
-            logps, entropies = self._policy_logps_and_entropies(output, local_rows)
-        completion_mask = output["completion_mask"]
-        records = []
-        for i in local_rows:
-            length = int(completion_mask[i].sum().item())
-            if length == 0:  # masked out (e.g. truncated with mask_truncated_completions): nothing to replay
-                continue
-            prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()]
-            reward = float(torch.nansum(self._last_rewards_per_func[plan.offset + i] * self.reward_weights.to(
-                self._last_rewards_per_func.device)).item())
-            records.append(
-                (
-                    plan.offset + i,
-                    dict(
-                        completion_ids=output["completion_ids"][i, :length].cpu(),
-                        logps=logps[i, :length].detach().float().cpu(),
-                        reward=reward,
-                        entropy=float(masked_mean_entropy(entropies[i : i + 1], completion_mask[i : i + 1]).item()),
-                        policy_version=self.state.global_step,
-                    ),
-                    prompt.cpu(),
-                    plan.local_inputs[i],
-                )
-            )
-        by_row = {row: rest for row, *rest in gather_object(records)}
-        for g, outcome in enumerate(outcomes):
+                wanted.extend(wins)
+        return outcomes, wanted
+
+    def _local_record(self, plan: ReplayPlan, output, i: int) -> CollectedRow | None:
+        length = int(output["completion_mask"][i].sum().item())
+        if length == 0:  # masked out (e.g. truncated with mask_truncated_completions): nothing to replay
+            return None
+        rewards = self._last_rewards_per_func[plan.offset + i]
+        return CollectedRow(
+            completion_ids=output["completion_ids"][i, :length].cpu(),
+            completion_mask=output["completion_mask"][i].cpu(),
+            reward=float(torch.nansum(rewards * self.reward_weights.to(rewards.device)).item()),
+            prompt_ids=output["prompt_ids"][i][output["prompt_mask"][i].bool()].cpu(),
+            example=plan.local_inputs[i],
+        )
+
+    def _collect(self, pending: PendingCollection) -> None:
+        """Gather the stored rows of every process and update the buffer, identically everywhere."""
+        n = self.num_generations
+        records = [(row, r.trajectory_fields(pending.step), r.prompt_ids, r.example)
+                   for row, r in pending.records.items() if r.logps is not None]
+        by_row = {row: rest for row, *rest in gather_object(records)} if pending.records_expected else {}
+        for g, outcome in enumerate(pending.outcomes):
             for row in range(g * n, (g + 1) * n):
                 if row in by_row:
                     fields, prompt, example = by_row[row]
                     outcome.candidates.append(Trajectory(task_id=outcome.task_id, **fields))
                     outcome.prompt_ids, outcome.example = prompt, example
-        return outcomes
+        self.experience.update(pending.outcomes, pending.step)
+
+    def _flush_pending(self) -> None:
+        """Apply a collection that waited for the loss forward (a collective: every process calls it together)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._collect(pending)
+
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        self._flush_pending()  # the last generation batch's rollouts
+        return output
 
     def _add_replay_keys(self, output, plan: ReplayPlan, logps):
         completion_mask = output["completion_mask"]
@@ -414,8 +471,17 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     # -- the loss --------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
+        collect = inputs.get("replay_collect") if self._pending is not None else None
         if "exp_mask" not in inputs:
-            return super()._compute_loss(model, inputs)
+            capture = []
+            self._capture_forward = capture if collect is not None else None
+            try:
+                loss = super()._compute_loss(model, inputs)
+            finally:
+                self._capture_forward = None
+            if capture:
+                self._fill_pending(collect, inputs, *capture)
+            return loss
         args = self.args
         mode = "train" if self.model.training else "eval"
         exp_mask = inputs["exp_mask"]
@@ -464,6 +530,12 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, inputs, on_mask, off_mask, clamped)
         return loss
 
+    def _fill_pending(self, collect, inputs, logps, entropies) -> None:
+        for i in torch.nonzero(collect >= 0).flatten().tolist():
+            record = self._pending.records.get(int(collect[i]))
+            if record is not None and record.logps is None:
+                record.fill(logps[i], entropies[i])
+
     # -- metrics ---------------------------------------------------------------------------------------------------
     def _log_loss(self, mode, on_loss, off_token_loss, log_ratio, per_token_logps, inputs, on_mask, off_mask, clamped):
         # Collective calls in the same order on every process, whether or not it holds off-policy rows.
@@ -502,7 +574,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     def _log_batch(self, plan: ReplayPlan, output, solve_rate: float):
         metrics = self._metrics["train"]
-        exp = self.experience
         fresh_local = torch.tensor([s is None for s in plan.stored], device=output["completion_mask"].device)
         fresh_tokens = (output["completion_mask"].sum(-1) * fresh_local).sum()
         metrics["replay/active"].append(float(self.replay_active))
@@ -511,6 +582,10 @@ class ReplayGRPOTrainer(GRPOTrainer):
         metrics["replay/solve_rate"].append(solve_rate)
         metrics["replay/retired_replaced"].append(plan.retired_replaced)
         metrics["replay/retired_kept"].append(plan.retired_kept)
+
+    def _log_buffer(self):
+        """The buffer a batch is planned from (collections of earlier batches applied, this batch's not yet)."""
+        metrics, exp = self._metrics["train"], self.experience
         metrics["replay/buffer_tasks"].append(exp.num_tasks)
         metrics["replay/buffer_trajectories"].append(exp.num_trajectories)
         metrics["replay/buffer_bytes"].append(exp.nbytes)
@@ -521,6 +596,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
+        self._flush_pending()  # the checkpoint holds every collection of the batches trained so far
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
