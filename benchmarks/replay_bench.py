@@ -34,6 +34,7 @@ from trl_ext.rewards import make_accuracy_reward, make_format_reward
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
+
 RESULTS = Path(__file__).parent / "results"
 WINDOW = 4
 

@@ -23,7 +23,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -32,7 +31,7 @@ from trl_ext.calibration import brier_score, expected_calibration_error
 from trl_ext.data import graded_arithmetic
 from trl_ext.data.arithmetic import ANSWER_FORMAT
 from trl_ext.recipe import write_json
-from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward
+from trl_ext.rewards import extract_confidence, make_accuracy_reward
 from trl_ext.rewards.parsing import completion_text
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer

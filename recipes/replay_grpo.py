@@ -29,6 +29,7 @@ from trl_ext.recipe import (
 from trl_ext.rewards import make_accuracy_reward, make_format_reward
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
+
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "replay_grpo_smollm2_cpu.yaml"
 CURVES = [
     "replay/solve_rate",

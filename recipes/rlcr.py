@@ -31,6 +31,7 @@ from trl_ext.recipe import (
 from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 
+
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
 CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence/parse_fail_rate"]
 

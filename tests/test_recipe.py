@@ -9,7 +9,13 @@ import pytest
 from datasets import Dataset
 
 from trl_ext.data import graded_arithmetic
-from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset, plot_learning_curves, with_default_config, write_json
+from trl_ext.recipe import (
+    RecipeScriptArguments,
+    load_recipe_dataset,
+    plot_learning_curves,
+    with_default_config,
+    write_json,
+)
 from trl_ext.testing import tiny_checkpoint
 
 

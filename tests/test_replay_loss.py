@@ -7,6 +7,7 @@ import torch
 from scripts.replay_world import make_trainer
 from trl import GRPOTrainer
 
+
 B, P, T = 4, 3, 5
 
 

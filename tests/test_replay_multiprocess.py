@@ -7,6 +7,7 @@ import pytest
 
 from trl_ext.testing import run_torchrun
 
+
 SCRIPT = Path(__file__).parent / "scripts" / "replay_ranks.py"
 
 

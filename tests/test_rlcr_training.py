@@ -2,7 +2,6 @@
 
 import math
 
-import pytest
 import torch
 from datasets import Dataset
 from peft import LoraConfig

@@ -19,6 +19,7 @@ from trl import ScriptArguments
 
 from .default_model import default_model_path
 
+
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 

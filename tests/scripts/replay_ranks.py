@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 from replay_world import make_trainer, scripted

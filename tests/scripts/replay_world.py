@@ -11,6 +11,7 @@ from datasets import Dataset
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
+
 SOLUTIONS = {"A": "7", "B": "8", "C": "9", "D": "10", "E": "11", "F": "12"}
 RIGHT = {  # per task: which of the rows of a step answer correctly (cycled, shifted by the step)
     "A": [1, 0, 1, 0],

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+
 SELECT_MODES = ("argmin", "argmax", "random")
 BUCKET_WEIGHTINGS = ("uniform", "gaussian")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+
 OFF_POLICY_LOSSES = ("clip", "shaping")
 MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: beyond this a ratio carries no information, only overflow risk
 

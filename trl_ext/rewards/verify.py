@@ -196,7 +196,7 @@ def _measure(expr: Any, budget: list[int], function_depth: int = 0) -> _Size:
     `budget` holds the number of tree nodes still allowed to be visited and the number of trigonometric functions
     of sums still allowed.
     """
-    from sympy import E, Add, Float, Function, Integer, Mul, Pow, Rational, Symbol
+    from sympy import Add, E, Float, Function, Integer, Mul, Pow, Rational, Symbol
     from sympy.matrices import MatrixBase
 
     budget[0] -= 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+
 from trl import GRPOConfig
 
 from ..core.learnability import parse_criteria
