@@ -40,3 +40,27 @@ def test_concat_pads_prompts_left_and_completions_right():
 def test_concat_rejects_mismatched_keys():
     with pytest.raises(ValueError, match="different keys"):
         concat_row_batches([{"advantages": torch.zeros(1)}, {"x": torch.zeros(1)}], pad_token_id=0)
+
+
+def test_trim_padding_drops_columns_no_row_uses():
+    from trl_ext.core.batch import trim_padding
+
+    # prompt width 4 (left-padded), completion width 3 (right-padded)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 0], [0, 0, 0, 9, 1, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0, 0]])
+    out_ids, out_mask, keep = trim_padding(ids, mask, 3)
+    assert keep == 2
+    assert out_ids.tolist() == [[5, 6, 7, 8], [0, 9, 1, 0]]
+    assert out_mask.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0]]
+    # all completion columns empty: one column stays
+    assert trim_padding(ids, torch.tensor([[0, 0, 1, 1, 0, 0, 0]] * 2), 3)[2] == 1
+
+
+def test_merge_rows_restores_order_and_width():
+    from trl_ext.core.batch import merge_rows
+
+    first = (torch.tensor([[1.0, 2.0]]), None)
+    second = (torch.tensor([[3.0], [4.0]]), None)
+    logps, entropies = merge_rows([first, second], [torch.tensor([1]), torch.tensor([2, 0])], width=3)
+    assert logps.tolist() == [[4.0, 0.0, 0.0], [1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
+    assert entropies is None

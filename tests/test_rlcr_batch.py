@@ -224,3 +224,26 @@ def test_histograms_reach_a_histogram_logger(tmp_path):
                                   "histograms/confidence/stated"]
     assert sorted(histograms["histograms/confidence/stated"][0]) == pytest.approx(sorted([0.9, 0.6, 0.8, 0.85, 0.1]))
     assert sorted(histograms["histograms/answer/reward"][0]) == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_loss_forward_per_row_type_equals_the_shared_padded_forward(step):
+    """Answer and confidence rows are forwarded separately with their own padding: same loss and gradients."""
+    from trl import GRPOTrainer
+
+    trainer, _, batch, _ = step
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    model = trainer.model
+    results = []
+    for loss_fn in (trainer._compute_loss, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x)):
+        model.zero_grad()
+        loss = loss_fn(model, inputs)
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (ours, our_grads), (parent, parent_grads) = results
+    assert ours == pytest.approx(parent, abs=1e-6)
+    for a, b in zip(our_grads, parent_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    # the split is real: the two row types are padded differently in the shared batch
+    prompt_widths = batch["prompt_mask"].sum(-1)
+    assert prompt_widths[batch["sample_type"] == 1].min() > prompt_widths[batch["sample_type"] == 0].max()

@@ -45,3 +45,35 @@ def concat_row_batches(batches: list[dict], pad_token_id: int) -> dict:
             values = padded
         out[key] = torch.cat(values, dim=0)
     return out
+
+
+def trim_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int):
+    """Cut `[left-padded prompt | right-padded completion]` rows to the columns some row uses.
+
+    Returns `(input_ids, attention_mask, kept_completion_width)`: the prompt part loses the padding columns every row
+    has on the left, the completion part those every row has on the right (at least one column stays).
+    """
+    prompt_width = input_ids.size(1) - completion_width
+    used = attention_mask.bool().any(0)
+    prompt_used = torch.nonzero(used[:prompt_width]).flatten()
+    start = int(prompt_used[0]) if prompt_used.numel() else prompt_width
+    completion_used = torch.nonzero(used[prompt_width:]).flatten()
+    keep = int(completion_used[-1]) + 1 if completion_used.numel() else 1
+    end = prompt_width + keep
+    return input_ids[:, start:end], attention_mask[:, start:end], keep
+
+
+def merge_rows(parts, order, width: int):
+    """Inverse of splitting rows into groups: `parts[i]` is a tuple of (rows_i, width_i) tensors (or None) for the
+    rows `order[i]`; each is right-padded with zeros to `width` and the rows are put back in their original order."""
+    index = torch.cat(order)
+    inverse = torch.empty_like(index)
+    inverse[index] = torch.arange(index.numel(), device=index.device)
+    merged = []
+    for field in zip(*parts, strict=True):
+        if field[0] is None:
+            merged.append(None)
+            continue
+        padded = [torch.nn.functional.pad(t, (0, width - t.size(1))) for t in field]
+        merged.append(torch.cat(padded)[inverse])
+    return tuple(merged)

@@ -24,7 +24,7 @@ from trl.data_utils import is_conversational
 
 from ..calibration import calibration_report
 from ..core.advantages import prompt_level_normalize
-from ..core.batch import concat_row_batches
+from ..core.batch import concat_row_batches, merge_rows, trim_padding
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
@@ -125,6 +125,42 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._last_rewards_per_func
+
+    def _compute_loss(self, model, inputs):
+        self._row_types = inputs.get("sample_type")  # lets the forward pass below pad each row type on its own
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._row_types = None
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **kwargs,
+    ):
+        """In the loss forward, run answer rows and confidence rows separately, each cut to its own padding.
+
+        A shared micro-batch pads answer rows to the confidence prompts' width (which contain the answer) and
+        confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
+        row of the type uses. The model sees positions 0..L-1 whatever the padding (as in TRL's own batches), so
+        with rotary embeddings a row's log-probs do not depend on how much padding precedes it.
+        """
+        types = getattr(self, "_row_types", None)
+        multimodal = any(value is not None for value in kwargs.values())
+        if types is None or compute_aux_loss or multimodal or types.unique().numel() < 2:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **kwargs,
+            )
+        parts, order = [], []
+        for kind in types.unique().tolist():
+            rows = torch.nonzero(types == kind).flatten()
+            ids, mask, keep = trim_padding(input_ids[rows], attention_mask[rows], logits_to_keep)
+            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
+                model, ids, mask, keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
+            )
+            parts.append((logps, entropies))
+            order.append(rows)
+        return (*merge_rows(parts, order, logits_to_keep), None)
 
     def _confidence_turn(self, turn2_prompt_ids, mode):
         """Scope what differs in the confidence turn's call of `_generate_and_score_completions`; the metrics it
