@@ -54,11 +54,19 @@ class _Worker:
             [sys.executable, _WORKER_SCRIPT, str(VERIFY_MEMORY_BYTES)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            bufsize=0,  # nothing buffered in this process: a forked child closing its copy cannot flush stale data
             start_new_session=True,  # its own process group, killed as a whole; no SIGINT from the terminal
         )
         self.owner_pid = os.getpid()
         self._buffer = b""
-        self.available = self.read_result(_STARTUP_TIMEOUT_S)
+        # poll rather than select, which fails on descriptors above 1023 (common in a trainer with many files open)
+        self._poller = select.poll()
+        self._poller.register(self.process.stdout.fileno(), select.POLLIN)
+        try:
+            self.available = self.read_result(_STARTUP_TIMEOUT_S)
+        except Exception:
+            self.kill()  # no orphan, whatever went wrong
+            raise
 
     def read_result(self, timeout_s: float) -> bool:
         """The next `true`/`false` line; raises `_WorkerFailed` (after killing the worker) if none comes in time."""
@@ -66,7 +74,7 @@ class _Worker:
         stdout = self.process.stdout.fileno()
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([stdout], [], [], remaining)[0]:
+            if remaining <= 0 or not self._poller.poll(remaining * 1000):
                 self.kill()
                 raise _WorkerFailed("timed out")
             chunk = os.read(stdout, 65536)
@@ -78,9 +86,10 @@ class _Worker:
         return json.loads(line)
 
     def send(self, request: Any) -> None:
+        data = memoryview(json.dumps(request).encode() + b"\n")
         try:
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
-            self.process.stdin.flush()
+            while data:  # an unbuffered write may be partial
+                data = data[self.process.stdin.write(data) :]
         except OSError as error:  # BrokenPipeError: the worker died since its last answer
             self.kill()
             raise _WorkerFailed("pipe closed") from error
@@ -104,7 +113,9 @@ class _Worker:
 
 _lock = threading.Lock()
 _worker: _Worker | None = None
-_available = True  # False once a worker reported that math_verify cannot be imported
+# False once a worker reported that math_verify cannot be imported. The worker's pipes and process group need POSIX
+# (poll on pipes, killpg): elsewhere answers are compared by exact match only.
+_available = os.name == "posix"
 
 
 def _reset_after_fork() -> None:
@@ -113,7 +124,8 @@ def _reset_after_fork() -> None:
     _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_reset_after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _get_worker() -> _Worker | None:
