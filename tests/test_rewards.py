@@ -405,6 +405,20 @@ def test_verify_answer_in_forked_child():
     assert verify_module._worker.process.pid == parent_pid
 
 
+def test_interrupted_call_leaves_no_stale_answers(monkeypatch):
+    _worker_pid()
+
+    def interrupted(self, timeout_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify_module._Worker, "read_result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        verify_answers([("1/2", "0.5"), ("1", "2")])
+    monkeypatch.undo()
+    # The interrupted request's answers (True, False) must not be taken for this one's.
+    assert verify_answers([("1", "2"), ("1/2", "0.5")]) == [False, True]
+
+
 def test_verify_answers_batch(monkeypatch):
     monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
     pairs = [(gold, prediction) for gold, prediction, _ in VERIFY_CASES]

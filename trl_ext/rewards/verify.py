@@ -150,6 +150,13 @@ def _get_worker() -> _Worker | None:
     return _worker
 
 
+def _discard_worker() -> None:
+    global _worker
+    if _worker is not None:
+        _worker.kill()
+        _worker = None
+
+
 def _shutdown() -> None:
     if _worker is not None and _worker.owner_pid == os.getpid():
         _worker.kill()
@@ -160,7 +167,6 @@ atexit.register(_shutdown)
 
 def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool]:
     """math_verify's verdict for each pair; a pair that times out or crashes the worker counts as False."""
-    global _worker
     results: list[bool] = []
     with _lock:
         while len(results) < len(pairs):
@@ -176,15 +182,17 @@ def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool]:
                     results.append(bool(worker.read_result(VERIFY_TIMEOUT_S)))
             except Exception as error:  # _WorkerFailed, or an unexpected failure (spawn error, garbled reply)
                 logger.warning("math_verify worker failed (%s); answer counted as not verified", error)
-                if _worker is not None:
-                    _worker.kill()
-                    _worker = None
+                _discard_worker()
                 if worker is None:  # it could not even start: do not retry for every pair of the batch
                     break
                 # Blame the pair being processed and resend the rest to a fresh worker.
                 results.append(False)
+            except BaseException:
+                # KeyboardInterrupt while waiting: the worker still owes answers that would be read as the answers
+                # to the next request.
+                _discard_worker()
+                raise
     return results + [False] * (len(pairs) - len(results))
-    return results
 
 
 def _as_text(value: Any) -> str:
