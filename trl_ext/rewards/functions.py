@@ -62,9 +62,9 @@ def _tag_names_ok(*tags: str) -> None:
             raise ValueError(f"Invalid tag name {tag!r}: use a non-empty name without '<', '>', '/' or whitespace.")
 
 
-def _safe_call(accuracy_func: Callable[[str, str], bool], gold: str, answer: str) -> bool:
+def _safe_call(accuracy_func: Callable[[str, str], bool], gold: Any, answer: str) -> bool:
     try:
-        return bool(accuracy_func(gold, answer))
+        return bool(accuracy_func(gold if isinstance(gold, str) else str(gold), answer))
     except Exception:
         return False
 
@@ -98,7 +98,7 @@ def make_accuracy_reward(
             answer = extract_answer(completion_text(completion), answer_tag, lenient)
             if answer and gold is not None:
                 checked.append(index)
-                pairs.append((gold if isinstance(gold, str) else str(gold), answer))
+                pairs.append((gold, answer))  # str(gold) happens below, where a failing `__str__` is caught
         if accuracy_func is verify_answer:
             verdicts = verify_answers(pairs)  # one round trip to the verifier worker for the whole batch
         else:
