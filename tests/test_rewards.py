@@ -405,6 +405,23 @@ def test_verify_answer_in_forked_child():
     assert verify_module._worker.process.pid == parent_pid
 
 
+def test_verify_answer_from_concurrent_threads():
+    # Requests from several threads share one worker; each must get its own answers back.
+    cases = [("1/2", "0.5", True), ("\\frac{1}{3}", "0.5", False), ("x^2+1", "1+x^2", True), ("2", "3", False)]
+    expected = [result for _, _, result in cases] * 10
+
+    def check():
+        return [verify_answer(gold, prediction) for gold, prediction, _ in cases * 10]
+
+    threads_results = []
+    threads = [threading.Thread(target=lambda: threads_results.append(check())) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert threads_results == [expected] * 6
+
+
 def test_interrupted_call_leaves_no_stale_answers(monkeypatch):
     _worker_pid()
 
