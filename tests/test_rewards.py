@@ -1,6 +1,10 @@
 """Tests for `trl_ext.rewards`: hand-computed values, thread safety, adversarial inputs and fuzzing."""
 
 import math
+import multiprocessing
+import os
+import signal
+import sys
 import threading
 import time
 
@@ -21,7 +25,9 @@ from trl_ext.rewards import (
     normalize_answer,
     parse_confidence,
     verify_answer,
+    verify_answers,
 )
+from trl_ext.rewards import verify as verify_module
 
 
 confidence_format_reward = make_confidence_format_reward()
@@ -289,22 +295,159 @@ ADVERSARIAL_PAIRS = [
 ]
 
 
+@pytest.fixture
+def short_timeout(monkeypatch):
+    """A short verifier timeout, so that tests of inputs that hit it stay fast."""
+    monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 0.2)
+    return verify_module.VERIFY_TIMEOUT_S
+
+
 @pytest.mark.parametrize("on_main_thread", [True, False], ids=["main-thread", "worker-thread"])
-def test_adversarial_answers_finish_fast(on_main_thread):
+def test_adversarial_answers_finish_fast(on_main_thread, short_timeout):
+    # Each call may spend the timeout, and the next one may have to start a fresh worker after a kill.
+    bound = short_timeout + 3.0
+
+    cases = [("42", text) for text in ADVERSARIAL] + ADVERSARIAL_PAIRS
+    if not on_main_thread:
+        # The parent's side does not depend on the thread (no signals there): a sample, with a kill, is enough.
+        cases = cases[:3] + [("42", "1E999999999")] + ADVERSARIAL_PAIRS[-3:]
+
     def check_all():
         durations = {}
-        for gold, text in [("42", text) for text in ADVERSARIAL] + ADVERSARIAL_PAIRS:
-            start = time.perf_counter()
-            assert verify_answer(gold, text) is False
-            assert verify_answer(text, gold) is False
-            rewards = _call(accuracy_reward, [f"<think>x</think><answer>{text}</answer>"], solution=[gold])
-            assert rewards == [0.0]
-            durations[text[:40]] = time.perf_counter() - start
+        for gold, text in cases:
+            reply = f"<think>x</think><answer>{text}</answer>"
+            for expected, func, args, kwargs in (
+                (False, verify_answer, (gold, text), {}),
+                (False, verify_answer, (text, gold), {}),
+                ([0.0], _call, (accuracy_reward, [reply]), {"solution": [gold]}),
+            ):
+                start = time.perf_counter()
+                assert func(*args, **kwargs) == expected
+                durations[text[:40]] = max(durations.get(text[:40], 0.0), time.perf_counter() - start)
         return durations
 
     durations = check_all() if on_main_thread else _in_thread(check_all)
-    slow = {text: round(seconds, 2) for text, seconds in durations.items() if seconds > 3.0}
+    slow = {text: round(seconds, 2) for text, seconds in durations.items() if seconds > bound}
     assert not slow
+
+
+def _worker_pid():
+    verify_answer("1/2", "0.5")  # starts the worker if needed
+    return verify_module._worker.process.pid
+
+
+def _is_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_uninterruptible_input_is_killed_within_timeout(monkeypatch):
+    # sympy turns 1E999999999 into an exact rational in one big-integer operation that SIGALRM cannot interrupt,
+    # so only the hard timeout ends it.
+    monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
+    pid = _worker_pid()
+    start = time.perf_counter()
+    assert verify_answer("42", "1E999999999") is False
+    assert time.perf_counter() - start < 1.0 + 3.0
+    assert not _is_alive(pid)
+    assert verify_answer("1/2", "0.5") is True
+    assert verify_module._worker.process.pid != pid
+
+
+def test_hung_worker_is_killed_and_replaced(short_timeout):
+    pid = _worker_pid()
+    verify_module._worker.send({"sleep": 600})  # test hook: the worker hangs like a runaway computation
+    start = time.perf_counter()
+    assert verify_answer("1/2", "0.5") is False  # not verified in time; exact match fails too
+    assert time.perf_counter() - start < short_timeout + 3.0
+    assert not _is_alive(pid)
+    assert verify_answer("2", "2") is True  # exact match needs no worker
+    assert verify_module._worker is None
+    assert verify_answer("1/2", "0.5") is True
+    assert verify_module._worker.process.pid != pid
+
+
+def test_crashed_worker_is_replaced():
+    pid = _worker_pid()
+    os.kill(pid, signal.SIGKILL)  # as a segfault or the memory limit would
+    verify_module._worker.process.wait()
+    assert verify_answer("\\frac{1}{2}", "0.5") is True
+    assert verify_module._worker.process.pid != pid
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_worker_memory_is_limited():
+    with open(f"/proc/{_worker_pid()}/limits") as limits:
+        address_space = next(line for line in limits if line.startswith("Max address space")).split()
+    assert int(address_space[3]) == verify_module.VERIFY_MEMORY_BYTES
+
+
+def _verify_in_child(queue):
+    queue.put((verify_answer("1/2", "0.5"), verify_module._worker.process.pid))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_verify_answer_in_forked_child():
+    parent_pid = _worker_pid()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_verify_in_child, args=(queue,))
+    child.start()
+    result, child_worker_pid = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert result is True
+    assert child_worker_pid != parent_pid  # the child started its own worker instead of sharing the parent's
+    assert _is_alive(parent_pid)
+    assert verify_answer("1/2", "0.5") is True
+    assert verify_module._worker.process.pid == parent_pid
+
+
+def test_verify_answer_from_concurrent_threads():
+    # Requests from several threads share one worker; each must get its own answers back.
+    cases = [("1/2", "0.5", True), ("\\frac{1}{3}", "0.5", False), ("x^2+1", "1+x^2", True), ("2", "3", False)]
+    expected = [result for _, _, result in cases] * 10
+
+    def check():
+        return [verify_answer(gold, prediction) for gold, prediction, _ in cases * 10]
+
+    threads_results = []
+    threads = [threading.Thread(target=lambda: threads_results.append(check())) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert threads_results == [expected] * 6
+
+
+def test_interrupted_call_leaves_no_stale_answers(monkeypatch):
+    _worker_pid()
+
+    def interrupted(self, timeout_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify_module._Worker, "read_result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        verify_answers([("1/2", "0.5"), ("1", "2")])
+    monkeypatch.undo()
+    # The interrupted request's answers (True, False) must not be taken for this one's.
+    assert verify_answers([("1", "2"), ("1/2", "0.5")]) == [False, True]
+
+
+def test_verify_answers_batch(monkeypatch):
+    monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
+    pairs = [(gold, prediction) for gold, prediction, _ in VERIFY_CASES]
+    assert verify_answers(pairs) == [expected for _, _, expected in VERIFY_CASES]
+    # A pair that kills the worker only costs its own verdict: the rest of the batch goes to a fresh worker.
+    assert verify_answers([("1/2", "0.5"), ("42", "1E999999999"), ("\\frac{1}{2}", "0.5"), ("1", "2")]) == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert verify_answers([]) == []
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from .parsing import (
     normalize_answer,
     parse_confidence,
 )
-from .verify import verify_answer
+from .verify import verify_answer, verify_answers
 
 
 __all__ = [
@@ -37,4 +37,5 @@ __all__ = [
     "normalize_answer",
     "parse_confidence",
     "verify_answer",
+    "verify_answers",
 ]

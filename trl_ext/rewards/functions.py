@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .parsing import completion_text, extract_answer, extract_confidence, parse_confidence
-from .verify import verify_answer
+from .verify import verify_answer, verify_answers
 
 
 __all__ = [
@@ -62,6 +62,13 @@ def _tag_names_ok(*tags: str) -> None:
             raise ValueError(f"Invalid tag name {tag!r}: use a non-empty name without '<', '>', '/' or whitespace.")
 
 
+def _safe_call(accuracy_func: Callable[[str, str], bool], gold: Any, answer: str) -> bool:
+    try:
+        return bool(accuracy_func(gold if isinstance(gold, str) else str(gold), answer))
+    except Exception:
+        return False
+
+
 def make_accuracy_reward(
     answer_tag: str = "answer",
     solution_column: str = "solution",
@@ -85,16 +92,19 @@ def make_accuracy_reward(
     ) -> list[float]:
         """1.0 per completion whose last `<answer>` matches the row's gold solution, else 0.0."""
         golds = _column(kwargs, solution_column, "accuracy", len(completions))
-        rewards = []
-        for completion, gold in zip(completions, golds):
+        rewards = [0.0] * len(completions)
+        checked, pairs = [], []  # completions with an answer and a gold answer to compare it with
+        for index, (completion, gold) in enumerate(zip(completions, golds)):
             answer = extract_answer(completion_text(completion), answer_tag, lenient)
-            correct = False
             if answer and gold is not None:
-                try:
-                    correct = bool(accuracy_func(gold if isinstance(gold, str) else str(gold), answer))
-                except Exception:
-                    correct = False
-            rewards.append(1.0 if correct else 0.0)
+                checked.append(index)
+                pairs.append((gold, answer))  # str(gold) happens below, where a failing `__str__` is caught
+        if accuracy_func is verify_answer:
+            verdicts = verify_answers(pairs)  # one round trip to the verifier worker for the whole batch
+        else:
+            verdicts = [_safe_call(accuracy_func, gold, answer) for gold, answer in pairs]
+        for index, correct in zip(checked, verdicts):
+            rewards[index] = 1.0 if correct else 0.0
         return rewards
 
     return accuracy
