@@ -55,6 +55,8 @@ def test_replay_group_holds_fresh_rows_and_the_stored_trajectory(run):
     assert torch.equal(batch["exp_mask"], expected_mask)
     # old_per_token_logps holds the log-probs recorded at collection on that row.
     assert torch.equal(batch["old_per_token_logps"][stored_row, :length], trajectory.logps)
+    # TRL computed no old log-probs for this batch (aligned steps, no vLLM): the batch says so.
+    assert batch["replay_has_old_logps"].item() is False
     assert trajectory.policy_version == 0
     # The replayed task is the one collected at step 0 (A); all rows of the group carry its prompt.
     prompts = texts(trainer, batch["prompt_ids"], batch["prompt_mask"])

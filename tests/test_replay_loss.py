@@ -113,3 +113,17 @@ def test_shaping_loss(trainer):
     finally:
         trainer.args.off_policy_loss = "clip"
     assert loss.item() == pytest.approx(-2.0 * 3 / 3.1 / 4, rel=1e-5)
+
+
+def test_on_policy_rows_without_old_log_probs_use_the_current_ones(trainer):
+    # Aligned steps without vLLM: TRL computes no old log-probs, the batch says so, and on-policy rows get GRPO's
+    # own semantics (old = current) while the replayed row keeps its recorded log-probs.
+    inputs = make_inputs(trainer, advantages=(1.0, -0.5, 0.0, 0.0))
+    no_old = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
+    parent = GRPOTrainer._compute_loss(trainer, trainer.model, no_old)
+    replayed = with_replay(inputs, [3])
+    replayed["old_per_token_logps"][:3] = 0.0  # placeholders the loss must not read
+    replayed["replay_has_old_logps"] = torch.tensor(False)
+    assert trainer._compute_loss(trainer.model, replayed).item() == pytest.approx(parent.item(), abs=1e-6)
+    replayed["replay_has_old_logps"] = torch.tensor(True)  # reading the placeholders would change the loss
+    assert trainer._compute_loss(trainer.model, replayed).item() != pytest.approx(parent.item(), abs=1e-3)

@@ -107,3 +107,21 @@ def test_vllm_server_mode_generates_only_fresh_rows(tmp_path):
     plain = [(req, batch) for req, batch in zip(server.requests, rec.batches) if "exp_mask" not in batch]
     assert all(req["body"]["n"] == 4 for req, _ in plain)
     assert all(math.isfinite(float(h["loss"])) for h in trainer.state.log_history if "loss" in h)
+
+
+def test_with_trl_old_log_probs_collection_reuses_them(tmp_path):
+    # num_iterations=2: TRL computes old log-probs itself; collection reuses that forward (entropy switched on) and
+    # on-policy rows keep TRL's values next to the recorded ones.
+    model, tokenizer = tiny_causal_lm(seed=1)
+    trainer = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args_for(tmp_path, num_iterations=2, max_steps=6),
+                                train_dataset=dataset(), processing_class=tokenizer)
+    with BatchRecorder(trainer) as rec:
+        trainer.train()
+    replayed = [b for b in rec.batches if "exp_mask" in b]
+    assert replayed and all(b["replay_has_old_logps"].item() for b in replayed)
+    assert all("replay_collect" not in b for b in rec.batches)  # nothing waited for a loss forward
+    for batch in replayed:
+        fresh = ~batch["exp_mask"].bool().any(-1)
+        assert torch.all(batch["old_per_token_logps"][fresh].abs().sum(-1) > 0)  # TRL's values, not placeholders
+    assert trainer.experience.num_trajectories > 0
+    assert all(math.isfinite(float(h["loss"])) for h in trainer.state.log_history if "loss" in h)

@@ -24,7 +24,6 @@ from itertools import zip_longest
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
 
 from ..core.experience import (
     ExperienceManager,
@@ -260,9 +259,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
         fresh = ~torch.tensor(plan.global_stored, device=success.device)
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
         logps, entropies = capture if capture else (None, None)
-        if plan.has_replay and logps is None:
-            # TRL skipped old log-probs (aligned steps, no vLLM); on-policy rows need them next to the recorded ones.
-            logps, entropies = self._policy_logps_and_entropies(output, range(len(plan.local_inputs)))
 
         outcomes, wanted = self._group_outcomes(plan, success)
         local = [i - plan.offset for i in wanted if plan.offset <= i < plan.offset + len(plan.local_inputs)]
@@ -284,7 +280,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             output["replay_collect"] = rows
 
         if plan.has_replay:
-            self._add_replay_keys(output, plan, logps)
+            self._add_replay_keys(output, plan)
         if args.replay_start_solve_rate is not None and solve_rate > args.replay_start_solve_rate:
             self.replay_active = True
         self._log_batch(plan, output, solve_rate)
@@ -370,38 +366,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
         target = torch.full_like(values, self.args.success_value)
         return torch.isclose(values, target) & ~torch.isnan(values)
 
-    def _policy_logps_and_entropies(self, output, rows):
-        """Per-token log-probs and entropies of the policy on local `rows`, one no-grad forward.
-
-        Every process passes the same number of rows (padding with repeats), so a forward that is collective under
-        DeepSpeed ZeRO-3 stays in step. Returns (B, T) tensors; rows not asked for are zero.
-        """
-        rows = list(rows)
-        counts = self.accelerator.gather(torch.tensor([len(rows)], device=self.accelerator.device))
-        most = int(counts.max().item())
-        completion_ids = output["completion_ids"]
-        logps = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
-        entropies = torch.zeros_like(logps)
-        if most == 0:
-            return logps, entropies
-        padded = rows + [rows[0] if rows else 0] * (most - len(rows))
-        index = torch.tensor(padded, device=completion_ids.device)
-        input_ids = torch.cat([output["prompt_ids"][index], completion_ids[index]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"][index], output["completion_mask"][index]], dim=1)
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            part_logps, part_entropies, _ = super()._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                completion_ids.size(1),
-                batch_size=self.args.per_device_train_batch_size,
-                compute_entropy=True,
-            )
-        if rows:
-            logps[index[: len(rows)]] = part_logps[: len(rows)].float()
-            entropies[index[: len(rows)]] = part_entropies[: len(rows)].float()
-        return logps, entropies
-
     def _group_outcomes(self, plan: ReplayPlan, success) -> tuple[list[GroupOutcome], list[int]]:
         """Per group of the gathered batch, its fresh successes; and the gathered rows to store: the successful fresh
         rollouts of tasks in the collection window."""
@@ -454,11 +418,18 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._flush_pending()  # the last generation batch's rollouts
         return output
 
-    def _add_replay_keys(self, output, plan: ReplayPlan, logps):
+    def _add_replay_keys(self, output, plan: ReplayPlan):
+        """`exp_mask` on the stored rows' completion tokens; their recorded log-probs in `old_per_token_logps`.
+
+        On-policy rows keep TRL's old log-probs when TRL computed them. When it did not (aligned steps, no vLLM),
+        their entries are zeros that the loss never reads (`replay_has_old_logps` is 0): as in GRPOTrainer, the
+        current log-probs stand in for them.
+        """
         completion_mask = output["completion_mask"]
         exp_mask = torch.zeros_like(completion_mask)
         old = output.get("old_per_token_logps")
-        old = (old if old is not None else logps).clone()
+        has_old = old is not None
+        old = old.clone() if has_old else torch.zeros(completion_mask.shape, device=completion_mask.device)
         for i, trajectory in enumerate(plan.stored):
             if trajectory is None:
                 continue
@@ -468,6 +439,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
                 old[i, :length] = trajectory.logps.to(old.device, old.dtype)
         output["exp_mask"] = exp_mask
         output["old_per_token_logps"] = old
+        output["replay_has_old_logps"] = torch.tensor(has_old, device=completion_mask.device)
 
     # -- the loss --------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
@@ -489,6 +461,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         on_mask, off_mask = base * (1 - exp_mask), base * exp_mask
         tool_mask = inputs["tool_mask"] if "tool_mask" in inputs else torch.ones_like(exp_mask)
         on_inputs = {**inputs, "tool_mask": tool_mask * (1 - exp_mask)}
+        if not bool(inputs.get("replay_has_old_logps", True)):
+            del on_inputs["old_per_token_logps"]  # TRL computed none: the parent uses the current log-probs
 
         capture = []
         self._capture_forward = capture
@@ -497,6 +471,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         finally:
             self._capture_forward = None
         per_token_logps = capture[0]
+        if collect is not None:
+            self._fill_pending(collect, inputs, *capture)
 
         recorded = inputs["old_per_token_logps"] if args.exp_is_correct else None
         log_ratio, clamped = importance_log_ratio(per_token_logps, recorded)
@@ -527,7 +503,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             steps_per_generation=args.steps_per_generation,
             training=mode == "train",
         )
-        self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, inputs, on_mask, off_mask, clamped)
+        self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask, clamped)
         return loss
 
     def _fill_pending(self, collect, inputs, logps, entropies) -> None:
@@ -537,11 +513,12 @@ class ReplayGRPOTrainer(GRPOTrainer):
                 record.fill(logps[i], entropies[i])
 
     # -- metrics ---------------------------------------------------------------------------------------------------
-    def _log_loss(self, mode, on_loss, off_token_loss, log_ratio, per_token_logps, inputs, on_mask, off_mask, clamped):
+    def _log_loss(self, mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask,
+                  clamped):
         # Collective calls in the same order on every process, whether or not it holds off-policy rows.
         off = off_mask.bool()
         ratio = torch.exp(log_ratio.detach())
-        drift = (inputs["old_per_token_logps"] - per_token_logps.detach()).abs()
+        drift = (recorded - per_token_logps.detach()).abs() if recorded is not None else torch.zeros_like(ratio)
         big = torch.finfo(ratio.dtype).max
         sums = torch.stack(
             [
@@ -569,7 +546,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
             metrics["replay/importance_ratio_mean"].append(total[2].item() / num_off)
             metrics["replay/importance_ratio_min"].append(extremes[0].item())
             metrics["replay/importance_ratio_max"].append(-extremes[1].item())
-            metrics["replay/logp_drift"].append(total[3].item() / num_off)
+            if recorded is not None:
+                metrics["replay/logp_drift"].append(total[3].item() / num_off)
             metrics["replay/off_pg_loss"].append(total[4].item() / num_off)
 
     def _log_batch(self, plan: ReplayPlan, output, solve_rate: float):
