@@ -109,8 +109,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
             `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. Text prompts only (no tools, rollout_func or
             images). A `args.task_id_column` column gives stable task ids; otherwise the prompt is hashed.
 
-    Batch keys added once replay groups exist: `exp_mask` (B, T), 1 on off-policy completion tokens, and
-    `old_per_token_logps` holding the recorded log-probs on those rows. `trainer.experience` is the buffer.
+    Batch keys added once replay groups exist: `exp_mask` (B, T), 1 on off-policy completion tokens;
+    `old_per_token_logps` holding the recorded log-probs on those rows (and TRL's old log-probs on the others when it
+    computes them); `replay_has_old_logps`, whether it did. `trainer.experience` is the buffer.
     """
 
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
