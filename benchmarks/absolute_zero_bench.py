@@ -23,10 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from common import fixed_length, load_model, step_times
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_ext import default_model_path
 from trl_ext.recipe import plot_learning_curves, with_default_config, write_json
 from trl_ext.tasks import arithmetic_task
 from trl_ext.tasks.arithmetic import seed_prompts
@@ -36,21 +35,6 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).parent.parent
-
-
-def load_model():
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
-
-
-def step_times(trainer):
-    return [log["step_time"] for log in trainer.state.log_history if "step_time" in log]
-
-
-def fixed_length(tokenizer, text, n):
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    filler = tokenizer.encode(" ok", add_special_tokens=False)
-    return (ids + filler * n)[: n - 1] + [tokenizer.eos_token_id]
 
 
 def overhead(steps: int) -> dict:

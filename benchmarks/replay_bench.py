@@ -24,10 +24,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from common import fixed_length, load_model
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_ext import default_model_path
 from trl_ext.data import graded_arithmetic
 from trl_ext.recipe import write_json
 from trl_ext.rewards import make_accuracy_reward, make_format_reward
@@ -37,11 +36,6 @@ from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
 RESULTS = Path(__file__).parent / "results"
 WINDOW = 4
-
-
-def load_model():
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
 
 
 def make_trainer(replay: bool, steps: int, learning_rate: float, **replay_args):
@@ -64,11 +58,6 @@ def logged(trainer, key):
 
 
 # -- overhead -----------------------------------------------------------------------------------------------------
-def fixed_completion(tokenizer, n=32):
-    ids = tokenizer.encode("<think>3 plus 4 is 7.</think><answer>7</answer>", add_special_tokens=False)
-    return (ids + tokenizer.encode(" ok", add_special_tokens=False) * n)[: n - 1] + [tokenizer.eos_token_id]
-
-
 def overhead(steps: int, rounds: int) -> dict:
     result = {"steps": steps, "rounds": rounds}
     for scripted in (False, True):
@@ -78,7 +67,7 @@ def overhead(steps: int, rounds: int) -> dict:
             for name in times:
                 trainer = make_trainer(name != "grpo", steps + 1, 1e-6, replay_start_ratio=1.0)
                 if scripted:
-                    completion = fixed_completion(trainer.processing_class)
+                    completion = fixed_length(trainer.processing_class, "<think>3 plus 4 is 7.</think><answer>7</answer>", 32)
                     with ScriptedGeneration(trainer, lambda p, k, completion=completion: completion):
                         trainer.train()
                 else:

@@ -23,10 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from common import fixed_length, load_model, step_times
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_ext import default_model_path
 from trl_ext.calibration import brier_score, expected_calibration_error
 from trl_ext.data import graded_arithmetic
 from trl_ext.data.arithmetic import ANSWER_FORMAT
@@ -45,22 +44,7 @@ CONFIDENCE_PROMPT = (
 SINGLE_TURN_FORMAT = ANSWER_FORMAT + " Then say how likely your answer is correct, as <confidence>0.7</confidence>."
 
 
-def load_model():
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
-
-
-def step_times(trainer):
-    return [log["step_time"] for log in trainer.state.log_history if "step_time" in log]
-
-
 # -- overhead -----------------------------------------------------------------------------------------------------
-def fixed_length(tokenizer, text, n):
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    filler = tokenizer.encode(" ok", add_special_tokens=False)
-    return (ids + filler * n)[: n - 1] + [tokenizer.eos_token_id]
-
-
 def overhead(steps: int) -> dict:
     answer_len, confidence_len, g_a, g_c = 32, 16, 4, 2
     results = {}

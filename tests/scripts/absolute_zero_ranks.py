@@ -4,7 +4,6 @@ Usage: absolute_zero_ranks.py PER_DEVICE_BATCH. Seed prompts A, B, C, D with rol
 each, rank 0 holds A and B (mixed groups at once) and rank 1 holds C (reproposed once) and D (never resolved).
 """
 
-import hashlib
 import re
 import sys
 import tempfile
@@ -13,7 +12,14 @@ from datasets import Dataset
 
 import trl_ext
 from trl_ext.tasks import arithmetic_task
-from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
+from trl_ext.testing import (
+    BatchRecorder,
+    ScriptedGeneration,
+    cpu_test_args,
+    tiny_causal_lm,
+    weights_digest,
+    write_rank_result,
+)
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
@@ -39,13 +45,6 @@ class Policy:
             plan = PLAN[seed.group(1)]
             return plan[min(rounds, len(plan) - 1)][k]
         return f"<answer>{ANSWERS[re.search(r'What is (.*)[?]', text).group(1)][k]}</answer>"
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        h.update(name.encode() + p.detach().float().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main():
@@ -79,7 +78,7 @@ def main():
         "calls": [(c.num_generations, len(c.prompt_ids)) for c in gen.calls],
         "scripted_log": {k: v for k, v in trainer.state.log_history[0].items() if "/" in k},
         "real_log": {k: v for k, v in real.state.log_history[0].items() if "/" in k},
-        "digest": digest(real.accelerator.unwrap_model(real.model)),
+        "digest": weights_digest(real.accelerator.unwrap_model(real.model)),
         "world_size": real.accelerator.num_processes,
         "package": trl_ext.__file__,
     })

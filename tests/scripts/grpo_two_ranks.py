@@ -1,6 +1,5 @@
 """Runs under torchrun: plain GRPOTrainer for 2 steps on each rank, then reports a digest of the weights."""
 
-import hashlib
 import sys
 import tempfile
 
@@ -8,15 +7,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOTrainer
 
-from trl_ext.testing import cpu_test_args, tiny_causal_lm, write_rank_result
-
-
-def weights_digest(model):
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        h.update(name.encode())
-        h.update(p.detach().cpu().float().numpy().tobytes())
-    return h.hexdigest()
+from trl_ext.testing import cpu_test_args, tiny_causal_lm, weights_digest, write_rank_result
 
 
 def reward_len(completions, **kwargs):

@@ -16,14 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from replay_world import make_trainer, scripted
 
-from trl_ext.testing import write_rank_result
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        h.update(name.encode() + p.detach().float().numpy().tobytes())
-    return h.hexdigest()
+from trl_ext.testing import weights_digest, write_rank_result
 
 
 def plan_summary(plan, step):
@@ -86,7 +79,7 @@ def main():
         "plans": plans,
         "buffer": buffer_summary(trainer.experience),
         "replay_logs": [{k: v for k, v in h.items() if k.startswith("replay/")} for h in trainer.state.log_history],
-        "digest": digest(model),
+        "digest": weights_digest(model),
         "world_size": trainer.accelerator.num_processes,
     })
 

@@ -3,13 +3,19 @@
 Usage: rlcr_ranks.py PER_DEVICE_BATCH. With 2 ranks and 2 rows each, every group of G_a = 4 answers spans both ranks.
 """
 
-import hashlib
 import sys
 import tempfile
 
 from datasets import Dataset
 
-from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
+from trl_ext.testing import (
+    BatchRecorder,
+    ScriptedGeneration,
+    cpu_test_args,
+    tiny_causal_lm,
+    weights_digest,
+    write_rank_result,
+)
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 
 
@@ -21,13 +27,6 @@ def script(prompt_text, k):
         return f"<confidence>{[0.2, 0.9][k % 2]}</confidence>" if k < 2 else "<confidence>x</confidence>"
     right = "3" if "1+2" in prompt_text else "8"
     return f"<think>t</think><answer>{right if k % 2 == 0 else 0}</answer>" if k < 3 else "no answer"
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        h.update(name.encode() + p.detach().float().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main():
@@ -57,7 +56,7 @@ def main():
         "sample_type": batch["sample_type"].tolist(),
         "scripted_log": {k: v for k, v in scripted_log.items() if "/" in k},
         "real_log": {k: v for k, v in real.state.log_history[0].items() if "/" in k},
-        "digest": digest(real.accelerator.unwrap_model(real.model)),
+        "digest": weights_digest(real.accelerator.unwrap_model(real.model)),
         "world_size": real.accelerator.num_processes,
     })
 

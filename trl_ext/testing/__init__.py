@@ -8,7 +8,7 @@
 """
 
 from .config import cpu_test_args
-from .multiprocess import RankResults, run_torchrun, write_rank_result
+from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_result
 from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration
 from .tiny_model import tiny_causal_lm, tiny_checkpoint, tiny_tokenizer
 from .vllm_server import LoopbackVLLMServer, vllm_server_mode
@@ -26,5 +26,6 @@ __all__ = [
     "tiny_checkpoint",
     "tiny_tokenizer",
     "vllm_server_mode",
+    "weights_digest",
     "write_rank_result",
 ]

@@ -9,6 +9,7 @@ In the test:     results = run_torchrun("tests/scripts/train_two_steps.py", npro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -91,3 +92,11 @@ def run_torchrun(
                 raise RuntimeError(f"rank {rank} wrote no result (call write_rank_result):\n{output}")
             results.append(json.loads(path.read_text()))
         return results
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of every named parameter (sorted by name, as float32 bytes): equal on two ranks iff equal weights."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode() + p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
