@@ -151,10 +151,15 @@ class ExperienceManager:
         """Apply one generation batch's on-policy outcomes, in order: buckets, retire/un-retire, collection, budget."""
         for outcome in outcomes:
             self.observe(outcome.task_id, outcome.successes, outcome.num_rollouts)
-            bucket = self.task2bucket.get(outcome.task_id)
-            if bucket is not None and self.lbound < bucket < self.rbound and outcome.candidates:
+            if outcome.candidates and self.collects(outcome.successes, outcome.num_rollouts):
                 self.collect(outcome.task_id, outcome.candidates, outcome.prompt_ids, outcome.example)
         self.enforce_budget()
+
+    def collects(self, successes: int, num_rollouts: int) -> bool:
+        """Whether a group with these fresh successes has a rollout kept: inside the collection window, and not
+        solved every time (that retires the task)."""
+        bucket = success_bucket(successes, num_rollouts, self.num_generations)
+        return successes < num_rollouts and self.lbound < bucket < self.rbound
 
     def observe(self, task_id: str, successes: int, num_rollouts: int) -> None:
         """Move the task to the bucket of its latest success count; retire it if every rollout succeeded."""
@@ -194,15 +199,19 @@ class ExperienceManager:
         """Evict trajectories of the oldest policy version first until the stored tokens fit `max_buffer_tokens`."""
         if self.max_buffer_tokens is None:
             return
-        while self.num_tokens > self.max_buffer_tokens:
+        tokens = self.num_tokens  # counted once, then kept up to date while evicting
+        while tokens > self.max_buffer_tokens:
             oldest = min(t.policy_version for ts in self.task2trajectories.values() for t in ts)
             for task_id in list(self.task2trajectories):
-                kept = [t for t in self.task2trajectories[task_id] if t.policy_version != oldest]
+                stored = self.task2trajectories[task_id]
+                kept = [t for t in stored if t.policy_version != oldest]
+                tokens -= sum(t.num_tokens for t in stored) - sum(t.num_tokens for t in kept)
                 if kept:
                     self.task2trajectories[task_id] = kept
                 else:
+                    tokens -= self.task_prompt_ids[task_id].numel() if task_id in self.task_prompt_ids else 0
                     self._drop_trajectories(task_id)
-                if self.num_tokens <= self.max_buffer_tokens:
+                if tokens <= self.max_buffer_tokens:
                     break
 
     # ---------------------------------------------------------------------------------------------- sampling
