@@ -19,7 +19,6 @@ from __future__ import annotations
 import random
 import textwrap
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,7 +164,6 @@ class AbsoluteZeroTrainer(GRPOTrainer):
             advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
         return super()._compute_loss(model, {**inputs, "advantages": advantages})
 
-    @contextmanager
     def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
         """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
         (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating."""
@@ -174,11 +172,7 @@ class AbsoluteZeroTrainer(GRPOTrainer):
             [r.prompt_ids for r in rows], [r.completion_ids for r in rows], None, [r.completion for r in rows],
             None if any(lp is None for lp in logprobs) else logprobs, {}, None, [],
         )
-        self._replay = (generation, rewards.to(self.accelerator.device))
-        try:
-            yield
-        finally:
-            self._replay = None
+        return scoped_call(self, _replay=(generation, rewards.to(self.accelerator.device)))
 
     # -- generation rounds -------------------------------------------------------------------------------------------
     def _local_share(self, items: list) -> list:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import textwrap
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import zip_longest
 
@@ -30,11 +30,11 @@ from ..core.experience import (
     GroupOutcome,
     Trajectory,
     masked_mean_entropy,
-    success_bucket,
     task_id_of,
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
 from .replay_config import ReplayGRPOConfig
+from .scoping import scoped_call
 
 
 STATE_FILE = "replay_state.pt"
@@ -191,7 +191,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
         capture.extend([logps, entropies])
         return logps, entropies, aux
 
-    @contextmanager
     def _fresh_generation(self, plan: ReplayPlan):
         """Route generation through a splice: generate the fresh rows only, insert stored completions.
 
@@ -200,7 +199,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
         local prompt), one sample per row, so vLLM server mode slices the same row counts on every process.
         """
         inner = self._generate_single_turn
-        shadowed = "_generate_single_turn" in self.__dict__
 
         def splice(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             if images is not None or multimodal_fields:
@@ -210,28 +208,20 @@ class ReplayGRPOTrainer(GRPOTrainer):
             rows = [prompt_ids[i] for i in fresh] + [prompt_ids[fresh[0] if fresh else 0]] * padding
             completions, logprobs = inner(rows, None, {}, 1)  # k < n: every process has fresh rows to generate
             out_ids, out_logprobs = [], []
-            fresh_iter = iter(range(len(fresh)))
+            generated = iter(zip(completions, logprobs or [None] * len(completions), strict=True))
             for stored in plan.stored:
                 if stored is None:
-                    j = next(fresh_iter)
-                    out_ids.append(completions[j])
-                    out_logprobs.append(logprobs[j] if logprobs is not None else None)
+                    ids, lps = next(generated)
+                    out_ids.append(ids)
+                    out_logprobs.append(lps)
                 else:
                     out_ids.append(stored.completion_ids.tolist())
                     # NaN: TRL gives these tokens no sampler correction (ratio 1) and leaves them out of its metrics.
                     out_logprobs.append([float("nan")] * stored.num_tokens)
             return out_ids, (out_logprobs if logprobs is not None else None)
 
-        if plan.has_replay:
-            self._generate_single_turn = splice
-        try:
-            yield
-        finally:
-            if plan.has_replay:
-                if shadowed:
-                    self._generate_single_turn = inner
-                else:
-                    del self._generate_single_turn
+        # Batches without replay groups make TRL's generation call unchanged.
+        return scoped_call(self, _generate_single_turn=splice) if plan.has_replay else nullcontext()
 
     # -- the batch -----------------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -244,15 +234,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._flush_pending()
         self._log_buffer()
         plan = self._plan_batch(list(inputs))
-        self._plan = plan
         capture = []
-        self._capture_forward = capture
-        try:
-            with self._fresh_generation(plan):
-                output = super()._generate_and_score_completions(plan.local_inputs)
-        finally:
-            self._plan = None
-            self._capture_forward = None
+        with scoped_call(self, _plan=plan, _capture_forward=capture), self._fresh_generation(plan):
+            output = super()._generate_and_score_completions(plan.local_inputs)
 
         if not (capture and capture[0] is output.get("old_per_token_logps")):
             capture = []  # TRL computed no old log-probs; the forward caught, if any, was the reference model's
@@ -370,14 +354,13 @@ class ReplayGRPOTrainer(GRPOTrainer):
     def _group_outcomes(self, plan: ReplayPlan, success) -> tuple[list[GroupOutcome], list[int]]:
         """Per group of the gathered batch, its fresh successes; and the gathered rows to store: the successful fresh
         rollouts of tasks in the collection window."""
-        n, exp = self.num_generations, self.experience
+        n = self.num_generations
         outcomes, wanted = [], []
         for g, task in enumerate(plan.group_tasks):
             rows = [i for i in range(g * n, (g + 1) * n) if not plan.global_stored[i]]
             wins = [i for i in rows if success[i]]
             outcomes.append(GroupOutcome(task, len(wins), len(rows)))
-            bucket = success_bucket(len(wins), len(rows), n)
-            if len(wins) < len(rows) and exp.lbound < bucket < exp.rbound:
+            if self.experience.collects(len(wins), len(rows)):
                 wanted.extend(wins)
         return outcomes, wanted
 
@@ -447,11 +430,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         collect = inputs.get("replay_collect") if self._pending is not None else None
         if "exp_mask" not in inputs:
             capture = []
-            self._capture_forward = capture if collect is not None else None
-            try:
+            with scoped_call(self, _capture_forward=capture if collect is not None else None):
                 loss = super()._compute_loss(model, inputs)
-            finally:
-                self._capture_forward = None
             if capture:
                 self._fill_pending(collect, inputs, *capture)
             return loss
@@ -466,11 +446,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
             del on_inputs["old_per_token_logps"]  # TRL computed none: the parent uses the current log-probs
 
         capture = []
-        self._capture_forward = capture
-        try:
+        with scoped_call(self, _capture_forward=capture):
             on_loss = super()._compute_loss(model, on_inputs)
-        finally:
-            self._capture_forward = None
         per_token_logps = capture[0]
         if collect is not None:
             self._fill_pending(collect, inputs, *capture)

@@ -99,6 +99,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
         self._turn2_prompt_ids = None  # set while the confidence turn generates
+        self._row_types = None  # `sample_type` of the micro-batch while the loss runs
         self._last_generation = None  # (prompt_ids, completion_ids) of the latest `_generate`
         self._last_rewards_per_func = None  # gathered rewards of the latest `_calculate_rewards`
 
@@ -127,11 +128,9 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         return self._last_rewards_per_func
 
     def _compute_loss(self, model, inputs):
-        self._row_types = inputs.get("sample_type")  # lets the forward pass below pad each row type on its own
-        try:
+        # lets the forward pass below pad each row type on its own
+        with scoped_call(self, _row_types=inputs.get("sample_type")):
             return super()._compute_loss(model, inputs)
-        finally:
-            self._row_types = None
 
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
@@ -144,7 +143,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         row of the type uses. The model sees positions 0..L-1 whatever the padding (as in TRL's own batches), so
         with rotary embeddings a row's log-probs do not depend on how much padding precedes it.
         """
-        types = getattr(self, "_row_types", None)
+        types = self._row_types
         multimodal = any(value is not None for value in kwargs.values())
         if types is None or compute_aux_loss or multimodal or types.unique().numel() < 2:
             return super()._get_per_token_logps_and_entropies(

@@ -7,24 +7,33 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def scoped_call(trainer, mode: str, prefix: str | None = None, max_new_tokens: int | None = None, **attributes):
+def scoped_call(trainer, mode: str | None = None, prefix: str | None = None, max_new_tokens: int | None = None,
+                **attributes):
     """Set `attributes` on `trainer` (and, if given, every generation backend's maximum new tokens) for the duration
-    of the block, then restore them. Metrics the block appends to `trainer._metrics[mode]` move under `prefix/`."""
-    saved = {name: getattr(trainer, name) for name in attributes}
-    lengths = [(obj, key, _get(obj, key)) for obj, key in generation_length_settings(trainer)]
-    before = {key: len(values) for key, values in trainer._metrics[mode].items()}
+    of the block, then restore them. Metrics the block appends to `trainer._metrics[mode]` move under `prefix/`.
+
+    An attribute the instance did not hold itself (a method, or one shadowed only for the block) is deleted again
+    rather than set to the class's value, so a method stays a method and an outer shadow (a test harness) is kept.
+    """
+    own = {name: name in vars(trainer) for name in attributes}
+    saved = {name: vars(trainer)[name] for name in attributes if own[name]}
+    settings = [] if max_new_tokens is None else generation_length_settings(trainer)
+    lengths = [(obj, key, _get(obj, key)) for obj, key in settings]
+    before = {key: len(values) for key, values in trainer._metrics[mode].items()} if prefix is not None else {}
     for name, value in attributes.items():
         setattr(trainer, name, value)
-    if max_new_tokens is not None:
-        for obj, key, _ in lengths:
-            _set(obj, key, max_new_tokens)
+    for obj, key, _ in lengths:
+        _set(obj, key, max_new_tokens)
     try:
         yield
     finally:
         for obj, key, value in lengths:
             _set(obj, key, value)
-        for name, value in saved.items():
-            setattr(trainer, name, value)
+        for name in attributes:
+            if own[name]:
+                setattr(trainer, name, saved[name])
+            else:
+                delattr(trainer, name)
         if prefix is not None:
             metrics = trainer._metrics[mode]
             for key in list(metrics):
