@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import fixed_length, load_model
+from common import fixed_length, load_model, step_times
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.data import graded_arithmetic
@@ -72,7 +72,7 @@ def overhead(steps: int, rounds: int) -> dict:
                         trainer.train()
                 else:
                     trainer.train()
-                times[name] += logged(trainer, "step_time")[1:]
+                times[name] += step_times(trainer)[1:]
                 tokens[name] += logged(trainer, "num_tokens")[-1:]
         medians = {name: statistics.median(values) for name, values in times.items()}
         result["scripted" if scripted else "real_generation"] = {
