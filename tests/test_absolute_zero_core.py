@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from trl_ext.core.advantages import batch_baseline_advantages, group_advantages
 from trl_ext.core.learnability import (
     Criterion,
     counted_ratio,
@@ -15,7 +16,7 @@ from trl_ext.core.learnability import (
     parse_criteria,
     select_question,
 )
-from trl_ext.core.proposer_rewards import batch_baseline_advantages, group_advantages, padded_rows, proposer_rewards
+from trl_ext.core.proposer_rewards import padded_rows, proposer_rewards
 from trl_ext.trainers.absolute_zero_config import SEED_CRITERIA
 
 

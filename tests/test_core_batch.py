@@ -3,19 +3,19 @@
 import pytest
 import torch
 
-from trl_ext.core.advantages import prompt_level_normalize
+from trl_ext.core.advantages import group_advantages
 from trl_ext.core.batch import concat_row_batches
 
 
 def test_prompt_level_normalize_by_hand():
     values = torch.tensor([0.1, -0.1, 0.3, -0.3, 0.0, 0.0, 0.0, 0.0])  # two prompts of 4 rows
-    out = prompt_level_normalize(values, group_size=4)
+    out = group_advantages(values, group_size=4)
     std = torch.tensor([0.1, -0.1, 0.3, -0.3]).std()  # unbiased: sqrt((0.01+0.01+0.09+0.09)/3) = sqrt(0.2/3)
     assert std.item() == pytest.approx((0.2 / 3) ** 0.5)
     torch.testing.assert_close(out[:4], torch.tensor([0.1, -0.1, 0.3, -0.3]) / (std + 1e-4))
     assert out[4:].tolist() == [0.0] * 4  # a constant prompt gets zero, not NaN
     with pytest.raises(ValueError, match="groups of 3"):
-        prompt_level_normalize(values, group_size=3)
+        group_advantages(values, group_size=3)
 
 
 def test_concat_pads_prompts_left_and_completions_right():

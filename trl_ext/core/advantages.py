@@ -1,24 +1,47 @@
-"""Advantage post-processing for rows whose groups nest (RLCR: confidence samples within answers within prompts)."""
+"""Advantage normalisation over groups of rows, the pieces TRL's own scaling does not expose as functions.
+
+RLCR standardises confidence advantages over a prompt's rows (`answer_then_prompt`); Absolute Zero normalises
+proposer rewards within a prompt's proposals or against a batch-level baseline.
+"""
 
 from __future__ import annotations
 
 import torch
 
 
-def prompt_level_normalize(values: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-    """Standardise `values` within consecutive groups of `group_size`: `(x - mean) / (std + eps)`.
+SCALES = ("group", "batch", "none")
+_EPS = 1e-4  # as TRL's advantage scaling
 
-    Used as the second level of RLCR's `answer_then_prompt` confidence normalisation: the `G_a * G_c` first-level
-    (within-answer) advantages of one prompt are put on a common scale, so prompts with small Brier spreads weigh as
-    much as prompts with large ones. The std is the unbiased one, as in TRL's group scaling; a constant group gets 0.
-    """
-    if values.numel() % group_size != 0:
-        raise ValueError(f"{values.numel()} values do not split into groups of {group_size}.")
-    if group_size < 2:
-        return torch.zeros_like(values)
-    grouped = values.view(-1, group_size)
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True)
-    out = (grouped - mean) / (std + eps)
-    out = torch.where(std > 0, out, torch.zeros_like(out))
-    return out.reshape(values.shape)
+
+def _scaled(centered: torch.Tensor, std: torch.Tensor, scale: str) -> torch.Tensor:
+    if scale == "none":
+        return centered
+    out = centered / (std + _EPS)
+    return torch.where(std > 0, out, torch.zeros_like(out))  # a constant set of rewards carries no contrast
+
+
+def batch_baseline_advantages(rewards: torch.Tensor, scale: str = "group") -> torch.Tensor:
+    """`proposer_rows="selected"`: one row per prompt, so the baseline is the batch mean of the proposer rewards
+    (TRR++-style, per role); divided by the batch std unless `scale == "none"`."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES} (got {scale!r}).")
+    if rewards.numel() < 2:
+        return torch.zeros_like(rewards)
+    return _scaled(rewards - rewards.mean(), rewards.std(), scale)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group") -> torch.Tensor:
+    """Standardise within consecutive groups of `group_size` (GRPO): `(x - group mean) / (std + eps)`, with the
+    unbiased std of the group (`"group"`) or of the whole batch (`"batch"`), or the mean only (`"none"`). A constant
+    group gets 0, not NaN. RLCR's `answer_then_prompt` level and Absolute Zero's `proposer_rows="all"` use it."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES} (got {scale!r}).")
+    if rewards.numel() % group_size != 0:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}.")
+    grouped = rewards.view(-1, group_size)
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale == "batch":
+        std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
+    else:
+        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
+    return _scaled(centered, std.expand_as(grouped), scale).reshape(rewards.shape)

@@ -1,4 +1,5 @@
-"""Proposer rewards and advantages (SPEC §4 steps 7-8), pure functions over one generation batch.
+"""Proposer rewards (SPEC §4 step 7) and padded row counts, pure functions over one generation batch; their
+advantages (step 8) are `trl_ext.core.advantages.group_advantages` / `batch_baseline_advantages`.
 
 A question group is the `K` proposals of one seed prompt. Each proposal is invalid (`learnable is None`), or valid
 with a learnability verdict and a solve rate (fraction of its solver responses counted as solved).
@@ -8,12 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 
 MODES = ("learnability", "azr")
-SCALES = ("group", "batch", "none")
-_EPS = 1e-4  # as TRL's advantage scaling
 
 
 def proposer_rewards(
@@ -42,41 +39,6 @@ def proposer_rewards(
         else:
             rewards.append(1.0 - rate if 0.0 < rate < 1.0 else 0.0)
     return rewards
-
-
-def _scaled(centered: torch.Tensor, std: torch.Tensor, scale: str) -> torch.Tensor:
-    if scale == "none":
-        return centered
-    out = centered / (std + _EPS)
-    return torch.where(std > 0, out, torch.zeros_like(out))  # a constant set of rewards carries no contrast
-
-
-def batch_baseline_advantages(rewards: torch.Tensor, scale: str = "group") -> torch.Tensor:
-    """`proposer_rows="selected"`: one row per prompt, so the baseline is the batch mean of the proposer rewards
-    (TRR++-style, per role); divided by the batch std unless `scale == "none"`."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES} (got {scale!r}).")
-    if rewards.numel() < 2:
-        return torch.zeros_like(rewards)
-    return _scaled(rewards - rewards.mean(), rewards.std(), scale)
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group") -> torch.Tensor:
-    """`proposer_rows="all"`: the K proposals of a prompt are normalised within their group (GRPO); `"batch"` divides
-    by the std of the whole batch instead of the group's, `"none"` only subtracts the group mean."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES} (got {scale!r}).")
-    if rewards.numel() % group_size != 0:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}.")
-    grouped = rewards.view(-1, group_size)
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale == "batch":
-        std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
-        std = std.expand_as(grouped)
-    else:
-        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
-        std = std.expand_as(grouped)
-    return _scaled(centered, std, scale).reshape(rewards.shape)
 
 
 def padded_rows(num_rows: int, num_processes: int, multiple: int) -> int:

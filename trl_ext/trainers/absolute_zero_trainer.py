@@ -27,6 +27,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
+from ..core.advantages import batch_baseline_advantages, group_advantages
 from ..core.batch import concat_row_batches
 from ..core.learnability import (
     counted_ratio,
@@ -36,7 +37,7 @@ from ..core.learnability import (
     parse_criteria,
     select_question,
 )
-from ..core.proposer_rewards import batch_baseline_advantages, group_advantages, padded_rows, proposer_rewards
+from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..rewards.parsing import completion_text
 from ..tasks.base import tagged_question_parser, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig

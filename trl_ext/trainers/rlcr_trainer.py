@@ -23,7 +23,7 @@ from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
 from ..calibration import calibration_report
-from ..core.advantages import prompt_level_normalize
+from ..core.advantages import group_advantages
 from ..core.batch import concat_row_batches, merge_rows, trim_padding
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
@@ -226,7 +226,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         conf_adv = confidences["advantages"]
         if args.confidence_normalization == "answer_then_prompt":
             gathered = self.accelerator.gather(conf_adv)
-            conf_adv = prompt_level_normalize(gathered, g_a * g_c)[self._local_slice(len(turn2_inputs))]
+            conf_adv = group_advantages(gathered, g_a * g_c)[self._local_slice(len(turn2_inputs))]
         confidences["advantages"] = conf_adv * args.lambda_conf
 
         device = answers["advantages"].device
