@@ -7,7 +7,8 @@ Results: benchmarks/results/rlcr_<part>.json and .png.
 
 overhead: both trainers get scripted completions of fixed lengths (generation cost is identical by construction and
 excluded), so the ratio measures what RLCR adds per step: the second scoring pass, turn-2 prompts (longer: they
-contain the answer), span masks, metrics. Median `step_time` over the measured steps, after one warm-up step.
+contain the answer), span masks, metrics. RLCR runs twice: with the packed loss forward (`share_prefix=True`, the
+default) and with rows scored one by one. Median `step_time` over the measured steps, after one warm-up step.
 
 calibration: multi-turn RLCR (G_a answers, then G_c confidences per answer) against single-turn RLCR (answer and
 confidence in one completion, reward accuracy + Brier, plain GRPOTrainer), same prompts, seed and learning rate.
@@ -47,20 +48,24 @@ SINGLE_TURN_FORMAT = ANSWER_FORMAT + " Then say how likely your answer is correc
 # -- overhead -----------------------------------------------------------------------------------------------------
 def overhead(steps: int) -> dict:
     answer_len, confidence_len, g_a, g_c = 32, 16, 4, 2
-    results = {}
     model, tok = load_model()
     answer = fixed_length(tok, "<think>adding</think><answer>7</answer>", answer_len)
     confidence = fixed_length(tok, "<confidence>0.7</confidence>", confidence_len)
     data = graded_arithmetic(64, seed=0)
     common = dict(max_steps=steps + 1, learning_rate=1e-6, gradient_checkpointing=False, shuffle_dataset=False,
                   max_completion_length=answer_len)
+    times = {}
 
-    args = cpu_test_args(tempfile.mkdtemp(), RLCRMultiTurnConfig, per_device_train_batch_size=g_a, num_generations=g_a,
-                         num_generations_confidence=g_c, max_confidence_length=confidence_len,
-                         confidence_prompt=CONFIDENCE_PROMPT, **common)
-    rlcr = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
-    with ScriptedGeneration(rlcr, lambda p, k: confidence if CONFIDENCE_PROMPT in p else answer):
-        rlcr.train()
+    # RLCR with the packed loss forward (default) and with rows scored one by one.
+    for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
+        model, tok = load_model()
+        args = cpu_test_args(tempfile.mkdtemp(), RLCRMultiTurnConfig, per_device_train_batch_size=g_a,
+                             num_generations=g_a, num_generations_confidence=g_c, max_confidence_length=confidence_len,
+                             confidence_prompt=CONFIDENCE_PROMPT, share_prefix=share_prefix, **common)
+        rlcr = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+        with ScriptedGeneration(rlcr, lambda p, k: confidence if CONFIDENCE_PROMPT in p else answer):
+            rlcr.train()
+        times[name] = step_times(rlcr)[1:]
 
     # Plain GRPO on the same generated tokens: one prompt's 4 rows of answer length, two prompts' 8 rows of
     # confidence length (12 rows, 4*32 + 8*16 tokens), with accuracy as the reward.
@@ -77,19 +82,19 @@ def overhead(steps: int) -> dict:
 
     with ScriptedGeneration(grpo, grpo_script):
         grpo.train()
+    times["grpo"] = step_times(grpo)[1:]
 
-    rlcr_times, grpo_times = step_times(rlcr)[1:], step_times(grpo)[1:]
     results = {
         "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU",
         "rows_per_step": g_a * (1 + g_c),
         "generated_tokens_per_step": g_a * answer_len + g_a * g_c * confidence_len,
         "measured_steps": steps,
-        "rlcr_step_time_s": rlcr_times,
-        "grpo_step_time_s": grpo_times,
-        "rlcr_median_s": statistics.median(rlcr_times),
-        "grpo_median_s": statistics.median(grpo_times),
     }
+    for name, values in times.items():
+        results[f"{name}_step_time_s"] = values
+        results[f"{name}_median_s"] = statistics.median(values)
     results["ratio"] = results["rlcr_median_s"] / results["grpo_median_s"]
+    results["ratio_unpacked"] = results["rlcr_unpacked_median_s"] / results["grpo_median_s"]
     return results
 
 
@@ -184,10 +189,11 @@ def plot_overhead(result: dict, path: Path) -> None:
     fig = Figure(figsize=(5, 3.4), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    ax.bar(["GRPOTrainer", "RLCRMultiTurnTrainer"], [result["grpo_median_s"], result["rlcr_median_s"]],
-           color=["#999999", "#3a7bbf"])
+    ax.bar(["GRPOTrainer", "RLCR\nrows one by one", "RLCR\npacked (default)"],
+           [result["grpo_median_s"], result["rlcr_unpacked_median_s"], result["rlcr_median_s"]],
+           color=["#999999", "#9cbfe0", "#3a7bbf"])
     ax.set_ylabel("median step time (s)")
-    ax.set_title(f"same generated tokens per step: ratio {result['ratio']:.3f}")
+    ax.set_title(f"same generated tokens per step: ratio {result['ratio']:.3f}", fontsize=10)
     fig.savefig(path, dpi=110)
 
 

@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.trainers.scoping import scoped_call
 
 
 QUESTIONS = [("What is 2+3?", "5"), ("What is 7*6?", "42")]
@@ -40,11 +41,10 @@ def script(prompt_text, k):
 def make_trainer(tmp_path, **overrides):
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
-    args = cpu_test_args(
-        tmp_path, RLCRMultiTurnConfig, max_steps=1, per_device_train_batch_size=4, num_generations=2,
-        num_generations_confidence=2, confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False,
-        max_completion_length=32, max_confidence_length=16, **overrides,
-    )
+    settings = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, num_generations_confidence=2,
+                    confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False, max_completion_length=32,
+                    max_confidence_length=16)
+    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, **{**settings, **overrides})
     return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
@@ -226,24 +226,76 @@ def test_histograms_reach_a_histogram_logger(tmp_path):
     assert sorted(histograms["histograms/answer/reward"][0]) == [0.0, 0.0, 1.0, 1.0]
 
 
-def test_loss_forward_per_row_type_equals_the_shared_padded_forward(step):
-    """Answer and confidence rows are forwarded separately with their own padding: same loss and gradients."""
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_loss_forward_equals_the_parents_shared_padded_forward(step, share_prefix):
+    """Packed answer families (share_prefix), or answer and confidence rows forwarded separately with their own
+    padding: the same loss and gradients as TRL's forward over the padded micro-batch."""
     from trl import GRPOTrainer
 
     trainer, _, batch, _ = step
     trainer.current_gradient_accumulation_steps = 1
     inputs = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
     model = trainer.model
-    results = []
-    for loss_fn in (trainer._compute_loss, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x)):
-        model.zero_grad()
-        loss = loss_fn(model, inputs)
-        loss.backward()
-        results.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    saved = [p.detach().clone() for p in model.parameters()]
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        with torch.no_grad():  # large weights: attention matters, so a wrong mask or position would show
+            for p in model.parameters():
+                p.normal_(0, 0.5)
+        results = []
+        with scoped_call(trainer, _share_prefix=share_prefix):
+            for loss_fn in (trainer._compute_loss, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x)):
+                model.zero_grad()
+                loss = loss_fn(model, inputs)
+                loss.backward()
+                results.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    finally:
+        hook.remove()
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), saved, strict=True):
+                p.copy_(value)
     (ours, our_grads), (parent, parent_grads) = results
-    assert ours == pytest.approx(parent, abs=1e-6)
+    assert ours == pytest.approx(parent, abs=1e-5) and abs(ours) > 1e-3
     for a, b in zip(our_grads, parent_grads, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
-    # the split is real: the two row types are padded differently in the shared batch
-    prompt_widths = batch["prompt_mask"].sum(-1)
-    assert prompt_widths[batch["sample_type"] == 1].min() > prompt_widths[batch["sample_type"] == 0].max()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    if share_prefix:  # one packed sequence per answer: 4 rows, half the positions of the 12 padded rows
+        width = batch["prompt_ids"].size(1) + batch["completion_ids"].size(1)
+        assert forwards[0][0] == 4 and forwards[0].numel() < 12 * width / 2
+    else:  # the split is real: the two row types are padded differently in the shared batch
+        assert [shape[0] for shape in forwards[:2]] == [4, 8]
+        prompt_widths = batch["prompt_mask"].sum(-1)
+        assert prompt_widths[batch["sample_type"] == 1].min() > prompt_widths[batch["sample_type"] == 0].max()
+
+
+def test_micro_batches_hold_whole_answer_families(tmp_path):
+    """With steps_per_generation > 1, TRL's shuffled chunks are regrouped: each answer with its confidence rows,
+    every row exactly once."""
+    trainer = make_trainer(tmp_path, gradient_accumulation_steps=2, per_device_train_batch_size=2)
+    micro = []
+    original = trainer._compute_loss
+    trainer._compute_loss = lambda model, inputs: (micro.append(inputs), original(model, inputs))[1]
+    with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
+        trainer.train()
+    assert [len(m["answer_index"]) for m in micro] == [6, 6]
+    families = [set(m["answer_index"].tolist()) for m in micro]
+    assert len(families[0]) == len(families[1]) == 2 and not families[0] & families[1]
+    seen = sorted((int(t), int(i), m["completion_ids"][r].tolist()) for m in micro
+                  for r, (t, i) in enumerate(zip(m["sample_type"], m["answer_index"], strict=True)))
+    batch = rec.batches[0]
+    expected = sorted((int(t), int(i), batch["completion_ids"][r].tolist()) for r, (t, i) in
+                      enumerate(zip(batch["sample_type"], batch["answer_index"], strict=True)))
+    assert seen == expected
+    assert batch["answer_index"].tolist() == [0, 1, 2, 3] + [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_share_prefix_falls_back_with_a_warning(tmp_path, caplog):
+    model, tokenizer = tiny_causal_lm()
+    model.config._attn_implementation = "flex_attention"
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
+    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
+                         num_generations_confidence=2)
+    with caplog.at_level("WARNING"):
+        trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    assert not trainer._share_prefix
+    assert "share_prefix=True but attn_implementation='flex_attention'" in caplog.text

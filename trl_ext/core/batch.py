@@ -77,3 +77,38 @@ def merge_rows(parts, order, width: int):
         padded = [torch.nn.functional.pad(t, (0, width - t.size(1))) for t in field]
         merged.append(torch.cat(padded)[inverse])
     return tuple(merged)
+
+
+def group_rows(chunks: list[dict], key: str) -> list[dict]:
+    """Re-split equal row chunks so that the rows sharing a value of `key` sit together.
+
+    Groups keep the order in which they first appear, rows keep their order within a group, and the chunks keep
+    their number and size (a group that does not fit is continued in the next chunk). Tensors with a row dimension
+    and lists are permuted; scalars and `None` are kept.
+    """
+    merged = {}
+    for name, first in chunks[0].items():
+        if isinstance(first, list):
+            merged[name] = [item for chunk in chunks for item in chunk[name]]
+        elif isinstance(first, torch.Tensor) and first.dim() > 0:
+            merged[name] = torch.cat([chunk[name] for chunk in chunks])
+        else:
+            merged[name] = first
+    first_seen: dict[int, int] = {}
+    values = merged[key].tolist()
+    rank = torch.tensor([first_seen.setdefault(v, len(first_seen)) for v in values])
+    order = torch.sort(rank, stable=True).indices
+    size = len(values) // len(chunks)
+    out = []
+    for start in range(0, len(values), size):
+        rows = order[start : start + size]
+        chunk = {}
+        for name, value in merged.items():
+            if isinstance(value, list):
+                chunk[name] = [value[i] for i in rows.tolist()]
+            elif isinstance(value, torch.Tensor) and value.dim() > 0:
+                chunk[name] = value[rows.to(value.device)]
+            else:
+                chunk[name] = value
+        out.append(chunk)
+    return out

@@ -62,6 +62,11 @@ class RLCRMultiTurnConfig(GRPOConfig):
             When a reply lacks its tag, read the answer as the last number of the completion and the confidence as
             the first valid number or percentage of the reply, instead of scoring 0. For models too small to follow
             the tag format (the embedded 135M default); `answer/format_fail_rate` still counts missing tags.
+        share_prefix (`bool`, *optional*, defaults to `True`):
+            In the loss forward, pack each answer row with its confidence rows into one sequence with a tree
+            attention mask, so the prompt and the answer are processed once instead of `1 + G_c` times (same
+            log-probs and gradients). Micro-batches then hold whole answer families. Needs `sdpa` or `eager`
+            attention and full-attention layers; otherwise the trainer warns and scores the rows one by one.
     """
 
     num_generations_answer: int | None = field(
@@ -107,6 +112,11 @@ class RLCRMultiTurnConfig(GRPOConfig):
     lenient_parsing: bool = field(
         default=False,
         metadata={"help": "Read untagged answers (last number) and confidences (first valid number) instead of 0."},
+    )
+
+    share_prefix: bool = field(
+        default=True,
+        metadata={"help": "Process each answer once for its confidence rows in the loss forward (tree attention mask)."},
     )
 
     def __post_init__(self):

@@ -14,6 +14,7 @@ concatenates the rows. The loss is TRL's, unchanged: it reads the span mask and 
 
 from __future__ import annotations
 
+import logging
 import math
 import textwrap
 from collections import defaultdict
@@ -24,7 +25,8 @@ from trl.data_utils import is_conversational
 
 from ..calibration import calibration_report
 from ..core.advantages import group_advantages
-from ..core.batch import concat_row_batches, merge_rows, trim_padding
+from ..core.batch import concat_row_batches, group_rows, merge_rows, trim_padding
+from ..core.prefix_tree import pack_prefix_families, tree_attention_mask, tree_mask_unsupported
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
@@ -35,6 +37,9 @@ from .scoping import scoped_call
 
 ANSWER, CONFIDENCE = 0, 1
 LABEL_COLUMN = "answer_correct"  # the parent answer's accuracy, passed to the Brier reward
+FAMILY_KEY = "answer_index"  # batch key: the process-local index of a row's answer (its own index for answer rows)
+
+logger = logging.getLogger(__name__)
 
 
 class RLCRMultiTurnTrainer(GRPOTrainer):
@@ -52,7 +57,8 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
             and the gold answer in `args.solution_column`.
 
     Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
-    with `sample_type` (0 answer, 1 confidence) and the loss-only span mask in `tool_mask`.
+    with `sample_type` (0 answer, 1 confidence), `answer_index` (the process-local index of the row's answer) and the
+    loss-only span mask in `tool_mask`.
     """
 
     _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
@@ -100,6 +106,12 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
         self._turn2_prompt_ids = None  # set while the confidence turn generates
         self._row_types = None  # `sample_type` of the micro-batch while the loss runs
+        self._row_families = None  # `answer_index` of the micro-batch while the loss runs, when packing
+        self._attn_implementation = self.model.config._attn_implementation
+        self._share_prefix = args.share_prefix
+        if args.share_prefix and (reason := tree_mask_unsupported(self.model.config)):
+            logger.warning(f"share_prefix=True but {reason}: answer and confidence rows are scored one by one.")
+            self._share_prefix = False
         self._last_generation = None  # (prompt_ids, completion_ids) of the latest `_generate`
         self._last_rewards_per_func = None  # gathered rewards of the latest `_calculate_rewards`
 
@@ -127,9 +139,20 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         return self._last_rewards_per_func
 
+    def _prepare_inputs(self, generation_batch):
+        buffered = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._share_prefix and self._buffered_inputs is not buffered and len(self._buffered_inputs) > 1:
+            # A new generation batch was shuffled and split: keep each answer with its confidence rows, so that
+            # the loss forward can share their prefix. Families stay in shuffled order.
+            self._buffered_inputs = group_rows(self._buffered_inputs, FAMILY_KEY)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+        return inputs
+
     def _compute_loss(self, model, inputs):
-        # lets the forward pass below pad each row type on its own
-        with scoped_call(self, _row_types=inputs.get("sample_type")):
+        # lets the forward pass below pack answer families, or pad each row type on its own
+        families = inputs.get(FAMILY_KEY) if self._share_prefix else None
+        with scoped_call(self, _row_types=inputs.get("sample_type"), _row_families=families):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(
@@ -145,6 +168,8 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         """
         types = self._row_types
         multimodal = any(value is not None for value in kwargs.values())
+        if self._row_families is not None and not compute_aux_loss and not multimodal:
+            return self._packed_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
         if types is None or compute_aux_loss or multimodal or types.unique().numel() < 2:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
@@ -160,6 +185,24 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
             parts.append((logps, entropies))
             order.append(rows)
         return (*merge_rows(parts, order, logits_to_keep), None)
+
+    def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy):
+        packed = pack_prefix_families(
+            input_ids, attention_mask, logits_to_keep, self._row_families, self._tokenizer.pad_token_id
+        )
+        with self.accelerator.autocast():
+            # the fused LM head TRL adds scores `shift_labels` as given: one label per packed position
+            outputs = model(
+                input_ids=packed.input_ids,
+                attention_mask=tree_attention_mask(packed.attend, self._attn_implementation),
+                position_ids=packed.position_ids,
+                shift_labels=packed.shift_labels,
+                fused_lm_head=True,
+            )
+        n_rows = input_ids.size(0)
+        logps = packed.unpack(outputs.log_probs, n_rows, logits_to_keep)
+        entropies = packed.unpack(outputs.entropy, n_rows, logits_to_keep) if compute_entropy else None
+        return logps, entropies, None
 
     def _confidence_turn(self, turn2_prompt_ids, mode):
         """Scope what differs in the confidence turn's call of `_generate_and_score_completions`; the metrics it
@@ -232,6 +275,8 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         device = answers["advantages"].device
         answers["sample_type"] = torch.full((len(inputs),), ANSWER, dtype=torch.long, device=device)
         confidences["sample_type"] = torch.full((len(turn2_inputs),), CONFIDENCE, dtype=torch.long, device=device)
+        answers[FAMILY_KEY] = torch.arange(len(inputs), device=device)
+        confidences[FAMILY_KEY] = torch.arange(len(inputs), device=device).repeat_interleave(g_c)
         batch = concat_row_batches([answers, confidences], pad_token_id=self._tokenizer.pad_token_id)
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
