@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from trl.trainer.utils import split_tensor_dict
 
 
 # Prompts are left-padded by TRL, everything else per token is right-padded.
@@ -95,20 +96,11 @@ def group_rows(chunks: list[dict], key: str) -> list[dict]:
         else:
             merged[name] = first
     first_seen: dict[int, int] = {}
-    values = merged[key].tolist()
-    rank = torch.tensor([first_seen.setdefault(v, len(first_seen)) for v in values])
-    order = torch.sort(rank, stable=True).indices
-    size = len(values) // len(chunks)
-    out = []
-    for start in range(0, len(values), size):
-        rows = order[start : start + size]
-        chunk = {}
-        for name, value in merged.items():
-            if isinstance(value, list):
-                chunk[name] = [value[i] for i in rows.tolist()]
-            elif isinstance(value, torch.Tensor) and value.dim() > 0:
-                chunk[name] = value[rows.to(value.device)]
-            else:
-                chunk[name] = value
-        out.append(chunk)
-    return out
+    rank = torch.tensor([first_seen.setdefault(v, len(first_seen)) for v in merged[key].tolist()])
+    order = torch.sort(rank, stable=True).indices.tolist()
+    for name, value in merged.items():
+        if isinstance(value, list):
+            merged[name] = [value[i] for i in order]
+        elif isinstance(value, torch.Tensor) and value.dim() > 0:
+            merged[name] = value[order]
+    return split_tensor_dict(merged, len(chunks))
