@@ -67,6 +67,10 @@ def evaluate_and_plot(model, tokenizer, evaluation, training_args, name):
     return result
 
 
+def _auroc(value):
+    return "n/a" if value is None else f"{value:.3f}"  # undefined without both classes
+
+
 def main(script_args, training_args, model_args):
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +84,7 @@ def main(script_args, training_args, model_args):
         result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval")
         write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
         print(f"accuracy {result.accuracy:.3f}  ECE {result.report.ece:.3f}  Brier {result.report.brier:.3f}  "
-              f"AUROC {result.report.auroc}  -> {output_dir}")
+              f"AUROC {_auroc(result.report.auroc)}  -> {output_dir}")
         return
 
     training_args.model_init_kwargs = {
@@ -122,7 +126,7 @@ def main(script_args, training_args, model_args):
             if name in report:
                 r = report[name]
                 print(f"{name:>6}: accuracy {r.accuracy:.3f}  ECE {r.report.ece:.3f}  Brier {r.report.brier:.3f}  "
-                      f"AUROC {r.report.auroc}  confidence parse failures {r.confidence_parse_fail_rate:.0%}")
+                      f"AUROC {_auroc(r.report.auroc)}  confidence parse failures {r.confidence_parse_fail_rate:.0%}")
         print(f"report and plots in {output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
