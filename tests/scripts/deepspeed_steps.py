@@ -1,0 +1,72 @@
+"""Runs under torchrun (one process): a few scripted steps of a trainer, with or without DeepSpeed ZeRO.
+
+Usage: deepspeed_steps.py {rlcr,replay} STAGE, with STAGE 0 for no DeepSpeed. Reports the per-step loss, entropy and
+gradient norm, which depend on the weights each step starts from, so equal reports mean equal updates.
+
+DeepSpeed runs on CPU with the gloo backend, but accelerate sees one process per DeepSpeed run on CPU, so this
+checks the ZeRO wrapping of each trainer's forward passes (partitioned parameters, the engine's backward and step),
+not sharding across ranks.
+"""
+
+import sys
+import tempfile
+
+from datasets import Dataset
+from replay_world import make_trainer as make_replay_trainer
+from replay_world import scripted
+
+from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
+from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+
+
+CONFIDENCE_PROMPT = "Confidence? Reply <confidence>p</confidence>."
+
+
+def rlcr_script(prompt_text, k):
+    if CONFIDENCE_PROMPT in prompt_text:
+        return f"<confidence>{[0.2, 0.9, 0.5][k % 3]}</confidence>"
+    right = "3" if "1+2" in prompt_text else "8"
+    return f"<think>t</think><answer>{right if k % 2 == 0 else 0}</answer>"
+
+
+def rlcr_trainer(output_dir, **deepspeed):
+    model, tokenizer = tiny_causal_lm()
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"},
+                                 {"prompt": [{"role": "user", "content": "What is 4+4?"}], "solution": "8"}] * 4)
+    # two micro-batches per generation batch: the packed loss forward on regrouped answer families
+    args = cpu_test_args(output_dir, RLCRMultiTurnConfig, max_steps=3, per_device_train_batch_size=2,
+                         gradient_accumulation_steps=2, num_generations=4, num_generations_confidence=2,
+                         confidence_prompt=CONFIDENCE_PROMPT, learning_rate=1e-2, max_completion_length=24,
+                         max_confidence_length=12, shuffle_dataset=False, **deepspeed)
+    trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    return trainer, ScriptedGeneration(trainer, rlcr_script)
+
+
+def replay_trainer(output_dir, **deepspeed):
+    # replay from the start: the collection forward and the off-policy loss both run under the engine
+    trainer = make_replay_trainer(output_dir, max_steps=4, learning_rate=1e-2, exp_ratio=0.5, **deepspeed)
+    return trainer, scripted(trainer)
+
+
+def main():
+    name, stage = sys.argv[1], int(sys.argv[2])
+    deepspeed = {}
+    if stage:
+        config = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
+                  "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
+        deepspeed = {"deepspeed": config, "use_cpu": False}
+    build = {"rlcr": rlcr_trainer, "replay": replay_trainer}[name]
+    trainer, generation = build(tempfile.mkdtemp(), **deepspeed)
+    with generation:
+        trainer.train()
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    write_rank_result({
+        "engine": type(trainer.model_wrapped).__name__,
+        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if stage else 0,
+        **{key: [log[key] for log in logs] for key in ("loss", "entropy", "grad_norm")},
+        "replayed": [log.get("replay/offpolicy_token_ratio", 0.0) for log in logs],
+    })
+
+
+if __name__ == "__main__":
+    main()
