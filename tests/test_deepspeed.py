@@ -1,4 +1,4 @@
-"""The trainers under DeepSpeed ZeRO-2 and ZeRO-3 (CPU, one process) make the same updates as without DeepSpeed."""
+"""The three trainers under DeepSpeed ZeRO-2 and ZeRO-3 (CPU, one process) make the same updates as without DeepSpeed."""
 
 from pathlib import Path
 
@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "deepspeed_steps.py"
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("trainer", ["rlcr", "replay"])
+@pytest.mark.parametrize("trainer", ["rlcr", "replay", "absolute_zero"])
 def test_zero_stages_match_plain_training(trainer):
     plain = run_torchrun(SCRIPT, nproc=1, args=[trainer, "0"])[0]
     assert plain["engine"] != "DeepSpeedEngine" and len(plain["entropy"]) >= 3

@@ -1,6 +1,6 @@
 """Runs under torchrun (one process): a few scripted steps of a trainer, with or without DeepSpeed ZeRO.
 
-Usage: deepspeed_steps.py {rlcr,replay} STAGE, with STAGE 0 for no DeepSpeed. Reports the per-step loss, entropy and
+Usage: deepspeed_steps.py {rlcr,replay,absolute_zero} STAGE, with STAGE 0 for no DeepSpeed. Reports the per-step loss, entropy and
 gradient norm, which depend on the weights each step starts from, so equal reports mean equal updates.
 
 DeepSpeed runs on CPU with the gloo backend, but accelerate sees one process per DeepSpeed run on CPU, so this
@@ -11,12 +11,14 @@ not sharding across ranks.
 import sys
 import tempfile
 
+from absolute_zero_ranks import Policy
 from datasets import Dataset
 from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
 
+from trl_ext.tasks import arithmetic_task
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
-from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer, RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 
 
 CONFIDENCE_PROMPT = "Confidence? Reply <confidence>p</confidence>."
@@ -48,6 +50,23 @@ def replay_trainer(output_dir, **deepspeed):
     return trainer, scripted(trainer)
 
 
+def absolute_zero_trainer(output_dir, **deepspeed):
+    # seed C is reproposed once, D never resolves: the joint proposer + solver batch with zero-loss rows
+    task = arithmetic_task()
+    model, tokenizer = tiny_causal_lm()
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in "ABCD"])
+    args = cpu_test_args(output_dir, AbsoluteZeroConfig, max_steps=3, per_device_train_batch_size=8,
+                         num_generations=2, num_questions_per_prompt=2, max_repropose_attempts=2, learning_rate=1e-2,
+                         shuffle_dataset=False, max_completion_length=8, max_question_length=8, **deepspeed)
+    trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=dataset,
+                                  processing_class=tokenizer, parse_question=task.parse_question,
+                                  solver_prompt_fn=task.solver_prompt_fn)
+    policy = Policy()
+    generation = ScriptedGeneration(trainer, policy)
+    policy.gen = generation
+    return trainer, generation
+
+
 def main():
     name, stage = sys.argv[1], int(sys.argv[2])
     deepspeed = {}
@@ -55,7 +74,7 @@ def main():
         config = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
                   "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
         deepspeed = {"deepspeed": config, "use_cpu": False}
-    build = {"rlcr": rlcr_trainer, "replay": replay_trainer}[name]
+    build = {"rlcr": rlcr_trainer, "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]
     trainer, generation = build(tempfile.mkdtemp(), **deepspeed)
     with generation:
         trainer.train()
