@@ -159,3 +159,12 @@ def test_group_rows_keeps_chunks_and_brings_families_together():
     assert [c["id"].tolist() for c in out] == [[2, 2, 0], [0, 1, 1]]
     assert [c["text"] for c in out] == [["c", "c2", "a"], ["a2", "b", "b2"]]
     assert all(c["n"].item() == 9 and c["none"] is None for c in out)
+
+
+def test_family_chunks_keep_families_whole():
+    from trl_ext.core.prefix_tree import family_chunks
+
+    family = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 3])
+    assert [c.tolist() for c in family_chunks(family, 4)] == [[0, 1, 2, 3], [4, 5], [6, 7, 8]]
+    assert [c.tolist() for c in family_chunks(family, 2)] == [[0, 1], [2, 3], [4, 5], [6, 7, 8]]  # one too large
+    assert [c.tolist() for c in family_chunks(torch.tensor([5, 1, 5]), 9)] == [[0, 2, 1]]  # by first appearance

@@ -38,14 +38,14 @@ def script(prompt_text, k):
     return ANSWERS[key][k]
 
 
-def make_trainer(tmp_path, **overrides):
-    model, tokenizer = tiny_causal_lm()
+def make_trainer(tmp_path, model=None, **overrides):
+    tiny, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
     settings = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, num_generations_confidence=2,
                     confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False, max_completion_length=32,
                     max_confidence_length=16)
     args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, **{**settings, **overrides})
-    return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    return RLCRMultiTurnTrainer(model=model or tiny, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
 def run_one_step(trainer):
@@ -299,3 +299,36 @@ def test_share_prefix_falls_back_with_a_warning(tmp_path, caplog):
         trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     assert not trainer._share_prefix
     assert "share_prefix=True but attn_implementation='flex_attention'" in caplog.text
+
+
+def test_confidence_turn_old_and_ref_logprobs_are_scored_packed(tmp_path):
+    """TRL's old (num_iterations > 1) and reference (beta > 0) log-prob passes of the confidence turn pack the G_c
+    siblings of each answer: the same values as scoring the rows one by one."""
+    model, tokenizer = tiny_causal_lm()
+    with torch.no_grad():  # large weights: attention matters
+        torch.manual_seed(1)
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "model")
+    batches, packed_calls = {}, {}
+    for share_prefix in (True, False):
+        trainer = make_trainer(tmp_path / str(share_prefix), num_iterations=2, beta=0.1, share_prefix=share_prefix,
+                               model=str(tmp_path / "model"))
+        calls = packed_calls[share_prefix] = {"policy": [], "ref": []}
+        for name, module in (("policy", trainer.model), ("ref", trainer.ref_model)):
+            module.register_forward_pre_hook(
+                lambda m, a, kw, calls=calls[name]: calls.append(kw["input_ids"].shape) if "shift_labels" in kw
+                else None, with_kwargs=True)
+        with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
+            trainer.train()
+        batches[share_prefix] = rec.batches[0]
+    packed, plain = batches[True], batches[False]
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        assert packed[key] is not None
+        torch.testing.assert_close(packed[key], plain[key], atol=2e-5, rtol=1e-5)
+    assert (packed["old_per_token_logps"] * packed["completion_mask"]).abs().sum() > 1
+    # per_device_train_batch_size = 4 rows at a time: the 8 confidence rows go as 2 chunks of 2 packed answers
+    # (then the policy's loss forward: 4 families)
+    assert [shape[0] for shape in packed_calls[True]["ref"]] == [2, 2]
+    assert [shape[0] for shape in packed_calls[True]["policy"]] == [2, 2, 4]
+    assert packed_calls[False] == {"policy": [], "ref": []}

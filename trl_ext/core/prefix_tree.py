@@ -161,3 +161,20 @@ def tree_attention_mask(attend: torch.Tensor, attn_implementation: str) -> torch
     if attn_implementation == "eager":
         return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
     return mask
+
+
+def family_chunks(family: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
+    """Row indices of whole families (in order of first appearance), at most `max_rows` rows per chunk unless a
+    single family is larger: the packed counterpart of scoring `max_rows` rows at a time."""
+    families: dict[int, list[int]] = {}
+    for row, key in enumerate(family.tolist()):
+        families.setdefault(key, []).append(row)
+    chunks, current = [], []
+    for rows in families.values():
+        if current and len(current) + len(rows) > max_rows:
+            chunks.append(current)
+            current = []
+        current = current + rows
+    if current:
+        chunks.append(current)
+    return [torch.tensor(rows, dtype=torch.long) for rows in chunks]

@@ -65,8 +65,10 @@ class RLCRMultiTurnConfig(GRPOConfig):
         share_prefix (`bool`, *optional*, defaults to `True`):
             In the loss forward, pack each answer row with its confidence rows into one sequence with a tree
             attention mask, so the prompt and the answer are processed once instead of `1 + G_c` times (same
-            log-probs and gradients). Micro-batches then hold whole answer families. Needs `sdpa` or `eager`
-            attention and full-attention layers; otherwise the trainer warns and scores the rows one by one.
+            log-probs and gradients); TRL's old/reference log-prob passes of the confidence turn pack the `G_c`
+            siblings of each answer the same way. Micro-batches then hold whole answer families. Needs `sdpa` or
+            `eager` attention, full-attention layers and rotary positions; otherwise the trainer warns and scores the
+            rows one by one.
     """
 
     num_generations_answer: int | None = field(

@@ -26,7 +26,7 @@ from trl.data_utils import is_conversational
 from ..calibration import calibration_report
 from ..core.advantages import group_advantages
 from ..core.batch import concat_row_batches, group_rows, merge_rows, trim_padding
-from ..core.prefix_tree import pack_prefix_families, tree_attention_mask, tree_mask_unsupported
+from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attention_mask, tree_mask_unsupported
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
@@ -169,7 +169,9 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         types = self._row_types
         multimodal = any(value is not None for value in kwargs.values())
         if self._row_families is not None and not compute_aux_loss and not multimodal:
-            return self._packed_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+            return self._packed_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
         if types is None or compute_aux_loss or multimodal or types.unique().numel() < 2:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
@@ -186,28 +188,36 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
             order.append(rows)
         return (*merge_rows(parts, order, logits_to_keep), None)
 
-    def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy):
-        packed = pack_prefix_families(
-            input_ids, attention_mask, logits_to_keep, self._row_families, self._tokenizer.pad_token_id
-        )
-        with self.accelerator.autocast():
-            # the fused LM head TRL adds scores `shift_labels` as given: one label per packed position
-            outputs = model(
-                input_ids=packed.input_ids,
-                attention_mask=tree_attention_mask(packed.attend, self._attn_implementation),
-                position_ids=packed.position_ids,
-                shift_labels=packed.shift_labels,
-                fused_lm_head=True,
+    def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """Score `self._row_families` packed, `batch_size` rows at a time in whole families (TRL's chunking)."""
+        families = self._row_families.to(input_ids.device)
+        parts, order = [], []
+        for rows in family_chunks(families, batch_size or input_ids.size(0)):
+            rows = rows.to(input_ids.device)
+            packed = pack_prefix_families(
+                input_ids[rows], attention_mask[rows], logits_to_keep, families[rows], self._tokenizer.pad_token_id
             )
-        n_rows = input_ids.size(0)
-        logps = packed.unpack(outputs.log_probs, n_rows, logits_to_keep)
-        entropies = packed.unpack(outputs.entropy, n_rows, logits_to_keep) if compute_entropy else None
-        return logps, entropies, None
+            with self.accelerator.autocast():
+                # the fused LM head TRL adds scores `shift_labels` as given: one label per packed position
+                outputs = model(
+                    input_ids=packed.input_ids,
+                    attention_mask=tree_attention_mask(packed.attend, self._attn_implementation),
+                    position_ids=packed.position_ids,
+                    shift_labels=packed.shift_labels,
+                    fused_lm_head=True,
+                )
+            logps = packed.unpack(outputs.log_probs, rows.numel(), logits_to_keep)
+            entropies = packed.unpack(outputs.entropy, rows.numel(), logits_to_keep) if compute_entropy else None
+            parts.append((logps, entropies))
+            order.append(rows)
+        return (*merge_rows(parts, order, logits_to_keep), None)
 
     def _confidence_turn(self, turn2_prompt_ids, mode):
         """Scope what differs in the confidence turn's call of `_generate_and_score_completions`; the metrics it
         appends (lengths, reward stats, IS ratios) move under `confidence/`."""
         args = self.args
+        # the G_c siblings of an answer share their whole prompt: TRL's old/ref log-prob passes score them packed
+        siblings = torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
         return scoped_call(
             self,
             mode,
@@ -227,6 +237,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
             _logs={"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
                    "extra": defaultdict(list)},
             _turn2_prompt_ids=turn2_prompt_ids,
+            _row_families=siblings,
         )
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
