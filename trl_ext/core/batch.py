@@ -80,6 +80,14 @@ def merge_rows(parts, order, width: int):
     return tuple(merged)
 
 
+def rows_by_key(keys: torch.Tensor) -> list[list[int]]:
+    """Row indices per distinct value of `keys`, groups in order of first appearance, rows in order."""
+    groups: dict[int, list[int]] = {}
+    for row, key in enumerate(keys.tolist()):
+        groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
 def group_rows(chunks: list[dict], key: str) -> list[dict]:
     """Re-split equal row chunks so that the rows sharing a value of `key` sit together.
 
@@ -95,9 +103,7 @@ def group_rows(chunks: list[dict], key: str) -> list[dict]:
             merged[name] = torch.cat([chunk[name] for chunk in chunks])
         else:
             merged[name] = first
-    first_seen: dict[int, int] = {}
-    rank = torch.tensor([first_seen.setdefault(v, len(first_seen)) for v in merged[key].tolist()])
-    order = torch.sort(rank, stable=True).indices.tolist()
+    order = [row for rows in rows_by_key(merged[key]) for row in rows]
     for name, value in merged.items():
         if isinstance(value, list):
             merged[name] = [value[i] for i in order]

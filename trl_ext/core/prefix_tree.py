@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .batch import rows_by_key
+
 
 IGNORE_INDEX = -100
 
@@ -72,13 +74,9 @@ def pack_prefix_families(
     n_prompt = real[:, :prompt_width].sum(1).tolist()
     sequences = [input_ids[row][real[row]] for row in range(input_ids.size(0))]
 
-    families: dict[int, list[int]] = {}
-    for row, key in enumerate(family.tolist()):
-        families.setdefault(key, []).append(row)
-
     # Per family: token ids, positions, labels, segment (0 root, k branch k), fork (root keys a branch may see).
     packed, source_family, source_pos, target_row, target_col = [], [], [], [], []
-    for f, members in enumerate(families.values()):
+    for f, members in enumerate(rows_by_key(family)):
         root = min(members, key=lambda row: n_prompt[row])
         parts = {"ids": [], "positions": [], "labels": [], "segment": [], "fork": []}
         offset = 0
@@ -166,15 +164,9 @@ def tree_attention_mask(attend: torch.Tensor, attn_implementation: str) -> torch
 def family_chunks(family: torch.Tensor, max_rows: int) -> list[torch.Tensor]:
     """Row indices of whole families (in order of first appearance), at most `max_rows` rows per chunk unless a
     single family is larger: the packed counterpart of scoring `max_rows` rows at a time."""
-    families: dict[int, list[int]] = {}
-    for row, key in enumerate(family.tolist()):
-        families.setdefault(key, []).append(row)
-    chunks, current = [], []
-    for rows in families.values():
-        if current and len(current) + len(rows) > max_rows:
-            chunks.append(current)
-            current = []
-        current = current + rows
-    if current:
-        chunks.append(current)
-    return [torch.tensor(rows, dtype=torch.long) for rows in chunks]
+    chunks = [[]]
+    for rows in rows_by_key(family):
+        if chunks[-1] and len(chunks[-1]) + len(rows) > max_rows:
+            chunks.append([])
+        chunks[-1].extend(rows)
+    return [torch.tensor(rows, dtype=torch.long) for rows in chunks if rows]
