@@ -107,7 +107,6 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         self._turn2_prompt_ids = None  # set while the confidence turn generates
         self._row_types = None  # `sample_type` of the micro-batch while the loss runs
         self._row_families = None  # `answer_index` of the micro-batch while the loss runs, when packing
-        self._attn_implementation = self.model.config._attn_implementation
         self._share_prefix = args.share_prefix
         if args.share_prefix and (reason := tree_mask_unsupported(self.model.config)):
             logger.warning(f"share_prefix=True but {reason}: answer and confidence rows are scored one by one.")
@@ -191,6 +190,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
     def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
         """Score `self._row_families` packed, `batch_size` rows at a time in whole families (TRL's chunking)."""
         families = self._row_families.to(input_ids.device)
+        attn_implementation = self.accelerator.unwrap_model(model).config._attn_implementation
         parts, order = [], []
         for rows in family_chunks(families, batch_size or input_ids.size(0)):
             rows = rows.to(input_ids.device)
@@ -201,7 +201,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
                 # the fused LM head TRL adds scores `shift_labels` as given: one label per packed position
                 outputs = model(
                     input_ids=packed.input_ids,
-                    attention_mask=tree_attention_mask(packed.attend, self._attn_implementation),
+                    attention_mask=tree_attention_mask(packed.attend, attn_implementation),
                     position_ids=packed.position_ids,
                     shift_labels=packed.shift_labels,
                     fused_lm_head=True,
