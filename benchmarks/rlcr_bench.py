@@ -25,8 +25,10 @@ import tempfile
 from pathlib import Path
 
 from common import fixed_length, load_model, step_times
+from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
+from trl_ext import default_model_path
 from trl_ext.calibration import brier_score, expected_calibration_error
 from trl_ext.data import graded_arithmetic
 from trl_ext.data.arithmetic import ANSWER_FORMAT
@@ -48,7 +50,7 @@ SINGLE_TURN_FORMAT = ANSWER_FORMAT + " Then say how likely your answer is correc
 # -- overhead -----------------------------------------------------------------------------------------------------
 def overhead(steps: int) -> dict:
     answer_len, confidence_len, g_a, g_c = 32, 16, 4, 2
-    model, tok = load_model()
+    tok = AutoTokenizer.from_pretrained(default_model_path())  # each trainer below loads a fresh model
     answer = fixed_length(tok, "<think>adding</think><answer>7</answer>", answer_len)
     confidence = fixed_length(tok, "<confidence>0.7</confidence>", confidence_len)
     data = graded_arithmetic(64, seed=0)
