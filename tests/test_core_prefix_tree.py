@@ -71,11 +71,8 @@ def test_rows_without_shared_prefix_and_empty_prompts():
 
 
 def sharp_model(implementation):
-    """A tiny model whose attention matters: random weights at a large scale, so a wrong mask changes log-probs."""
-    model, _ = tiny_causal_lm(hidden_size=32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
+    """A tiny model whose attention matters (large random weights), so a wrong mask changes the log-probs."""
+    model, _ = tiny_causal_lm(hidden_size=32, initializer_range=0.5)
     model.config._attn_implementation = implementation
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     return model

@@ -9,9 +9,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm
+from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tiny_checkpoint
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.scoping import scoped_call
 
 
 QUESTIONS = [("What is 2+3?", "5"), ("What is 7*6?", "42")]
@@ -227,34 +226,26 @@ def test_histograms_reach_a_histogram_logger(tmp_path):
 
 
 @pytest.mark.parametrize("share_prefix", [True, False])
-def test_loss_forward_equals_the_parents_shared_padded_forward(step, share_prefix):
+def test_loss_forward_equals_the_parents_shared_padded_forward(step, share_prefix, tmp_path):
     """Packed answer families (share_prefix), or answer and confidence rows forwarded separately with their own
     padding: the same loss and gradients as TRL's forward over the padded micro-batch."""
     from trl import GRPOTrainer
 
-    trainer, _, batch, _ = step
+    _, _, batch, _ = step
+    # the scripted batch, scored by a model with large weights: attention matters, so a wrong mask or position
+    # would show
+    model, _ = tiny_causal_lm(initializer_range=0.5)
+    trainer = make_trainer(tmp_path, model=model, share_prefix=share_prefix)
     trainer.current_gradient_accumulation_steps = 1
     inputs = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    model = trainer.model
-    saved = [p.detach().clone() for p in model.parameters()]
     forwards = []
-    hook = model.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape), with_kwargs=True)
-    try:
-        with torch.no_grad():  # large weights: attention matters, so a wrong mask or position would show
-            for p in model.parameters():
-                p.normal_(0, 0.5)
-        results = []
-        with scoped_call(trainer, _share_prefix=share_prefix):
-            for loss_fn in (trainer._compute_loss, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x)):
-                model.zero_grad()
-                loss = loss_fn(model, inputs)
-                loss.backward()
-                results.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    finally:
-        hook.remove()
-        with torch.no_grad():
-            for p, value in zip(model.parameters(), saved, strict=True):
-                p.copy_(value)
+    model.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape), with_kwargs=True)
+    results = []
+    for loss_fn in (trainer._compute_loss, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x)):
+        model.zero_grad()
+        loss = loss_fn(model, inputs)
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
     (ours, our_grads), (parent, parent_grads) = results
     assert ours == pytest.approx(parent, abs=1e-5) and abs(ours) > 1e-3
     for a, b in zip(our_grads, parent_grads, strict=True):
@@ -304,12 +295,7 @@ def test_share_prefix_falls_back_with_a_warning(tmp_path, caplog):
 def test_confidence_turn_old_and_ref_logprobs_are_scored_packed(tmp_path):
     """TRL's old (num_iterations > 1) and reference (beta > 0) log-prob passes of the confidence turn pack the G_c
     siblings of each answer: the same values as scoring the rows one by one."""
-    model, tokenizer = tiny_causal_lm()
-    with torch.no_grad():  # large weights: attention matters
-        torch.manual_seed(1)
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-    model.save_pretrained(tmp_path / "model")
+    tiny_checkpoint(tmp_path / "model", initializer_range=0.5)  # large weights: attention matters
     batches, packed_calls = {}, {}
     for share_prefix in (True, False):
         trainer = make_trainer(tmp_path / str(share_prefix), num_iterations=2, beta=0.1, share_prefix=share_prefix,

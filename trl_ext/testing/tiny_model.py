@@ -20,9 +20,17 @@ def tiny_tokenizer() -> PreTrainedTokenizerBase:
 
 
 def tiny_causal_lm(
-    seed: int = 0, hidden_size: int = 16, num_layers: int = 2, dtype: torch.dtype = torch.float32
+    seed: int = 0,
+    hidden_size: int = 16,
+    num_layers: int = 2,
+    dtype: torch.dtype = torch.float32,
+    initializer_range: float = 0.02,
 ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
-    """Return `(model, tokenizer)`: a 2-layer Llama with random weights (seeded) over SmolLM2's vocabulary."""
+    """Return `(model, tokenizer)`: a 2-layer Llama with random weights (seeded) over SmolLM2's vocabulary.
+
+    At the default `initializer_range` the log-probs are nearly uniform; a large one (e.g. 0.5) makes them depend
+    strongly on the context, for tests where a wrong mask or position must show.
+    """
     tokenizer = tiny_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -36,6 +44,7 @@ def tiny_causal_lm(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(dtype)
