@@ -12,7 +12,9 @@ from trl_ext.testing import (
     BatchRecorder,
     LoopbackVLLMServer,
     ScriptedGeneration,
+    changed_parameters,
     cpu_test_args,
+    snapshot_parameters,
     tiny_causal_lm,
     tiny_checkpoint,
     vllm_server_mode,
@@ -44,13 +46,9 @@ def make(tmp_path, model=None, tokenizer=None, **overrides):
                                parse_question=any_text)
 
 
-def snapshot(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def test_real_generation_trains_and_resumes(tmp_path):
     trainer = make(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, lr_scheduler_type="constant")
-    before = snapshot(trainer.model)
+    before = snapshot_parameters(trainer.model)
     with BatchRecorder(trainer) as rec:
         trainer.train()
     for log in trainer.state.log_history[:-1]:
@@ -59,8 +57,7 @@ def test_real_generation_trains_and_resumes(tmp_path):
     for batch in rec.batches:
         assert batch["role"].tolist() == [0] * 4 + [1] * 2
         assert all(torch.isfinite(v).all() for v in batch.values() if v.is_floating_point())
-    after = snapshot(trainer.model)
-    assert any(not torch.equal(before[n], after[n]) for n in before)
+    assert changed_parameters(before, trainer.model)
 
     trainer.args.max_steps = 3
     trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
@@ -132,11 +129,10 @@ def gradient(trainer, batch):
 def test_lora_changes_only_adapter_weights(tmp_path):
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = make_scripted(tmp_path, max_steps=2, peft_config=peft_config)
-    before = snapshot(trainer.model)
+    before = snapshot_parameters(trainer.model)
     with ScriptedGeneration(trainer, scripted):
         trainer.train()
-    after = snapshot(trainer.model)
-    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    changed = changed_parameters(before, trainer.model)
     assert changed and all("lora_" in n for n in changed)
 
 

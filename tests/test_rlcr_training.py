@@ -10,7 +10,9 @@ from trl_ext.testing import (
     BatchRecorder,
     LoopbackVLLMServer,
     ScriptedGeneration,
+    changed_parameters,
     cpu_test_args,
+    snapshot_parameters,
     tiny_causal_lm,
     vllm_server_mode,
 )
@@ -37,13 +39,9 @@ def half_right(prompt_text, k):
     return f"<think>sum</think><answer>{gold if k % 2 == 0 else gold + 1}</answer>"
 
 
-def snapshot(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
 def test_real_generation_trains_and_resumes(tmp_path):
     model, tokenizer = tiny_causal_lm()
-    before = snapshot(model)
+    before = snapshot_parameters(model)
     # constant LR: the resumed step must not inherit a schedule that already decayed to 0 at max_steps=2
     args = args_for(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, lr_scheduler_type="constant")
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset(), processing_class=tokenizer)
@@ -60,8 +58,7 @@ def test_real_generation_trains_and_resumes(tmp_path):
         trainer.args.max_steps = 3
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert trainer.state.global_step == 3
-    after = snapshot(trainer.model)
-    assert any(not torch.equal(before[n], after[n]) for n in before)
+    assert changed_parameters(before, trainer.model)
 
     # The checkpoint holds the model card with the trainer's tags and citation.
     card = (tmp_path / "README.md").read_text()
@@ -73,11 +70,10 @@ def test_lora_changes_only_adapter_weights(tmp_path):
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = RLCRMultiTurnTrainer(model=model, args=args_for(tmp_path, max_steps=2), train_dataset=dataset(),
                                    processing_class=tokenizer, peft_config=peft_config)
-    before = snapshot(trainer.model)
+    before = snapshot_parameters(trainer.model)
     with ScriptedGeneration(trainer, half_right):
         trainer.train()
-    after = snapshot(trainer.model)
-    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    changed = changed_parameters(before, trainer.model)
     assert changed and all("lora_" in n for n in changed)
 
 

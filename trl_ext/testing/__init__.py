@@ -12,6 +12,7 @@ from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_
 from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration
 from .tiny_model import tiny_causal_lm, tiny_checkpoint, tiny_tokenizer
 from .vllm_server import LoopbackVLLMServer, vllm_server_mode
+from .weights import changed_parameters, snapshot_parameters
 
 
 __all__ = [
@@ -20,8 +21,10 @@ __all__ = [
     "LoopbackVLLMServer",
     "RankResults",
     "ScriptedGeneration",
+    "changed_parameters",
     "cpu_test_args",
     "run_torchrun",
+    "snapshot_parameters",
     "tiny_causal_lm",
     "tiny_checkpoint",
     "tiny_tokenizer",
