@@ -1,4 +1,4 @@
-"""Learnability, repropose, selection and proposer rewards on hand-made score tables (SPEC §4 steps 4-8)."""
+"""Learnability, repropose, selection and proposer rewards on hand-made score tables."""
 
 import math
 import random

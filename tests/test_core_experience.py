@@ -1,4 +1,4 @@
-"""ExperienceManager: buckets, retirement, selection, caps, budget, age filter, persistence (SPEC §3)."""
+"""ExperienceManager: buckets, retirement, selection, caps, budget, age filter, persistence."""
 
 import io
 from collections import Counter

@@ -1,4 +1,4 @@
-"""Off-policy token loss of replayed rows against hand-computed values (SPEC §3)."""
+"""Off-policy token loss of replayed rows against hand-computed values."""
 
 import math
 

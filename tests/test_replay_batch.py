@@ -1,4 +1,4 @@
-"""ReplayGRPOTrainer with scripted generation: the exact replay batch (SPEC §3)."""
+"""ReplayGRPOTrainer with scripted generation: the exact replay batch."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""Experience buffer for replay GRPO (SPEC §3): success buckets, stored trajectories, retired tasks.
+"""Experience buffer for replay GRPO: success buckets, stored trajectories, retired tasks.
+Design: docs/design.md#replaygrpotrainer.
 
 Pure Python + tensors, no trainer inside. Every process of a run holds an identical manager: it is updated from
 gathered data in a fixed order, and all randomness comes from its own seeded `random.Random`, so the same calls give

@@ -1,6 +1,7 @@
 """Learnability of proposed questions, the repropose decision, and the selection of one question per prompt.
 
-Pure functions over tables of per-response reward scores (SPEC §4 steps 4-6), so the filter can be checked by hand.
+Pure functions over tables of per-response reward scores, so the filter can be checked by hand
+(docs/design.md#the-pure-core).
 A question's responses are `rollout_n` solver completions; each reward function scores each response.
 """
 

@@ -1,4 +1,5 @@
-"""Per-token policy loss of replayed (off-policy) tokens and its combination with GRPOTrainer's loss (SPEC §3).
+"""Per-token policy loss of replayed (off-policy) tokens and its combination with GRPOTrainer's loss.
+Design: docs/design.md#replaygrpotrainer.
 
 Replayed rows are whole rows: every completion token of a stored trajectory is off-policy. The trainer lets
 GRPOTrainer compute the loss of the on-policy tokens (the off-policy rows masked out) and adds the off-policy part

@@ -1,5 +1,5 @@
-"""Proposer rewards (SPEC §4 step 7) and padded row counts, pure functions over one generation batch; their
-advantages (step 8) are `trl_ext.core.advantages.group_advantages` / `batch_baseline_advantages`.
+"""Proposer rewards and padded row counts, pure functions over one generation batch (docs/design.md, Absolute
+Zero); their advantages are `trl_ext.core.advantages.group_advantages` / `batch_baseline_advantages`.
 
 A question group is the `K` proposals of one seed prompt. Each proposal is invalid (`learnable is None`), or valid
 with a learnability verdict and a solve rate (fraction of its solver responses counted as solved).

@@ -1,4 +1,5 @@
-"""Absolute Zero self-play (SPEC §4): one model proposes questions from seed prompts and solves them.
+"""Absolute Zero self-play: one model proposes questions from seed prompts and solves them.
+Design: docs/design.md#absolutezerotrainer.
 
 Per seed prompt, a group of `K` proposals is generated and parsed; every valid question is solved `rollout_n` times;
 a question is learnable when its responses' reward scores meet `learnability_criteria`. Prompts whose group is
@@ -374,7 +375,7 @@ class AbsoluteZeroTrainer(GRPOTrainer):
         return batch, len(slots) - pad
 
     def _log_self_play(self, mode, groups, selected, rewards, reproposed, attempts, num_proposer_rows, group_size):
-        """SPEC §4 metrics, computed from gathered data (identical on every process)."""
+        """Self-play metrics (README, AbsoluteZeroTrainer), computed from gathered data (identical on every process)."""
         m = self._metrics[mode]
         learnable = [x for g in groups for x in g.learnable if x is not None]
         proposals = [x for g in groups for x in g.learnable]

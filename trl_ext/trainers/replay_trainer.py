@@ -1,4 +1,5 @@
-"""GRPO with experience replay of successful trajectories (SPEC §3, ExGRPO-style).
+"""GRPO with experience replay of successful trajectories (ExGRPO-style).
+Design: docs/design.md#replaygrpotrainer.
 
 Each generation batch runs through `GRPOTrainer._generate_and_score_completions`. Before it, the trainer plans the
 batch identically on every process (from gathered task ids and an identical buffer): once replay is active,

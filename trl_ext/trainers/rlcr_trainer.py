@@ -1,4 +1,4 @@
-"""RLCR with a confidence turn per fixed answer (SPEC §2).
+"""RLCR with a confidence turn per fixed answer (docs/design.md#rlcrmultiturntrainer).
 
 Per prompt, `G_a` answers are sampled; then, for each answer, `G_c` confidences are sampled in a second turn whose
 context is the prompt, that answer, and a user message asking for a confidence. Accuracy rewards the answers, the
@@ -321,7 +321,7 @@ class RLCRMultiTurnTrainer(GRPOTrainer):
         return mask, closed
 
     def _log_turns(self, mode, answer_rewards, brier, answer_closed, confidence_ids, g_c):
-        """SPEC §2 metrics over the gathered batch; the parsed confidence joins TRL's completions table."""
+        """The RLCR metrics (README, RLCRMultiTurnTrainer) over the gathered batch; the parsed confidence joins TRL's completions table."""
         device = self.accelerator.device
         args = self.args
         texts = self.processing_class.batch_decode(confidence_ids, skip_special_tokens=True)
