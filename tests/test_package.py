@@ -55,3 +55,41 @@ def test_import_warns_with_an_untested_trl():
 
 def test_version_is_exposed():
     assert trl_ext.__version__ == importlib.metadata.version("trl-ext")
+
+
+def _fresh_interpreter(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_import_is_cheap():
+    """`import trl_ext` loads neither torch nor TRL nor transformers (the exports are lazy)."""
+    out = _fresh_interpreter(
+        "import sys, trl_ext\n"
+        "print(sorted(m for m in ('torch', 'trl', 'transformers', 'datasets', 'peft', 'accelerate') if m in sys.modules))"
+    )
+    assert out == "[]"
+
+
+def test_trainers_and_configs_are_exported_at_the_top_level():
+    out = _fresh_interpreter(
+        "import sys\n"
+        "from trl_ext import (RLCRMultiTurnTrainer, RLCRMultiTurnConfig, ReplayGRPOTrainer, ReplayGRPOConfig,\n"
+        "                     AbsoluteZeroTrainer, AbsoluteZeroConfig)\n"
+        "import trl_ext.trainers as t\n"
+        "same = [RLCRMultiTurnTrainer is t.RLCRMultiTurnTrainer, ReplayGRPOConfig is t.ReplayGRPOConfig,\n"
+        "        AbsoluteZeroTrainer is t.AbsoluteZeroTrainer]\n"
+        "print(all(same), 'trl' in sys.modules)"
+    )
+    assert out == "True True"
+
+
+def test_every_public_name_resolves():
+    assert set(trl_ext._LAZY) <= set(trl_ext.__all__) <= set(dir(trl_ext))
+    for name in trl_ext.__all__:
+        assert getattr(trl_ext, name) is not None
+    from trl_ext.rewards import make_accuracy_reward
+    from trl_ext.tasks import arithmetic_task
+
+    assert trl_ext.make_accuracy_reward is make_accuracy_reward and trl_ext.arithmetic_task is arithmetic_task
+    with pytest.raises(AttributeError, match="no attribute 'RLCRTrainer'"):
+        trl_ext.RLCRTrainer  # noqa: B018

@@ -1,4 +1,14 @@
-"""trl-ext: reinforcement-learning trainers for LLMs, built as subclasses of TRL's `GRPOTrainer`."""
+"""trl-ext: reinforcement-learning trainers for LLMs, built as subclasses of TRL's `GRPOTrainer`.
+
+As with `trl`, the trainers, their configs and the most used helpers are importable from the package itself
+(`from trl_ext import RLCRMultiTurnTrainer`). They load on first access (PEP 562), so `import trl_ext` imports neither
+torch nor TRL: `python -m trl_ext.default_model` and the verifier worker start fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from .compat import check_trl_version
 
@@ -7,16 +17,70 @@ __version__ = "0.1.0.dev0"
 
 check_trl_version()
 
-# Imported on first use: `import trl_ext` stays cheap and `python -m trl_ext.default_model` runs without a warning.
-_LAZY = {"DEFAULT_MODEL_NAME": "default_model", "default_model_path": "default_model"}
+# public name -> submodule that defines it
+_LAZY = {
+    "AbsoluteZeroConfig": "trainers",
+    "AbsoluteZeroTrainer": "trainers",
+    "RLCRMultiTurnConfig": "trainers",
+    "RLCRMultiTurnTrainer": "trainers",
+    "ReplayGRPOConfig": "trainers",
+    "ReplayGRPOTrainer": "trainers",
+    "make_accuracy_reward": "rewards",
+    "make_brier_reward": "rewards",
+    "make_format_reward": "rewards",
+    "verify_answer": "rewards",
+    "TaskFamily": "tasks",
+    "arithmetic_task": "tasks",
+    "calibration_report": "calibration",
+    "expected_calibration_error": "calibration",
+    "DEFAULT_MODEL_NAME": "default_model",
+    "default_model_path": "default_model",
+}
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real objects
+    from .calibration import calibration_report, expected_calibration_error
+    from .default_model import DEFAULT_MODEL_NAME, default_model_path
+    from .rewards import make_accuracy_reward, make_brier_reward, make_format_reward, verify_answer
+    from .tasks import TaskFamily, arithmetic_task
+    from .trainers import (
+        AbsoluteZeroConfig,
+        AbsoluteZeroTrainer,
+        ReplayGRPOConfig,
+        ReplayGRPOTrainer,
+        RLCRMultiTurnConfig,
+        RLCRMultiTurnTrainer,
+    )
 
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # later accesses skip __getattr__
+        return value
     raise AttributeError(f"module 'trl_ext' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_MODEL_NAME", "__version__", "check_trl_version", "default_model_path"]
+def __dir__():
+    return sorted({*globals(), *_LAZY})
+
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "AbsoluteZeroConfig",
+    "AbsoluteZeroTrainer",
+    "RLCRMultiTurnConfig",
+    "RLCRMultiTurnTrainer",
+    "ReplayGRPOConfig",
+    "ReplayGRPOTrainer",
+    "TaskFamily",
+    "__version__",
+    "arithmetic_task",
+    "calibration_report",
+    "check_trl_version",
+    "default_model_path",
+    "expected_calibration_error",
+    "make_accuracy_reward",
+    "make_brier_reward",
+    "make_format_reward",
+    "verify_answer",
+]
