@@ -2,6 +2,8 @@
 
 from .arithmetic import arithmetic_task, safe_evaluate
 from .base import TaskFamily, tagged_question_parser, template_solver_prompt
+from .workspace import workspace_task
 
 
-__all__ = ["TaskFamily", "arithmetic_task", "safe_evaluate", "tagged_question_parser", "template_solver_prompt"]
+__all__ = ["TaskFamily", "arithmetic_task", "safe_evaluate", "tagged_question_parser", "template_solver_prompt",
+           "workspace_task"]

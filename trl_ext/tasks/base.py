@@ -37,6 +37,8 @@ class TaskFamily:
         seed_prompts: `f(n, seed) -> Dataset` with a conversational `prompt` column: the proposer prompts.
         learnability_criteria: The family's default criteria (see `AbsoluteZeroConfig.learnability_criteria`).
         reward_weights: Default weights of `reward_funcs`.
+        environment_factory: The solver's environment (TRL's `environment_factory`: its public methods are the
+            solver's tools), or `None` for single-turn solving.
     """
 
     name: str
@@ -46,6 +48,7 @@ class TaskFamily:
     seed_prompts: Callable[[int, int], Dataset]
     learnability_criteria: list[dict] | None = None
     reward_weights: Sequence[float] | None = field(default=None)
+    environment_factory: Callable[[], Any] | None = None
 
 
 def tagged_question_parser(tag: str = "question") -> ParseQuestion:
