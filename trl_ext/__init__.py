@@ -31,6 +31,9 @@ _LAZY = {
     "verify_answer": "rewards",
     "TaskFamily": "tasks",
     "arithmetic_task": "tasks",
+    "workspace_task": "tasks",
+    "WorkspaceEnvironment": "environments",
+    "LLMJudge": "rewards",
     "calibration_report": "calibration",
     "expected_calibration_error": "calibration",
     "DEFAULT_MODEL_NAME": "default_model",
@@ -40,8 +43,9 @@ _LAZY = {
 if TYPE_CHECKING:  # static analysers and IDEs see the real objects
     from .calibration import calibration_report, expected_calibration_error
     from .default_model import DEFAULT_MODEL_NAME, default_model_path
-    from .rewards import make_accuracy_reward, make_brier_reward, make_format_reward, verify_answer
-    from .tasks import TaskFamily, arithmetic_task
+    from .environments import WorkspaceEnvironment
+    from .rewards import LLMJudge, make_accuracy_reward, make_brier_reward, make_format_reward, verify_answer
+    from .tasks import TaskFamily, arithmetic_task, workspace_task
     from .trainers import (
         AbsoluteZeroConfig,
         AbsoluteZeroTrainer,
@@ -67,12 +71,14 @@ def __dir__():
 __all__ = [
     "DEFAULT_MODEL_NAME",
     "AbsoluteZeroConfig",
+    "LLMJudge",
     "AbsoluteZeroTrainer",
     "RLCRMultiTurnConfig",
     "RLCRMultiTurnTrainer",
     "ReplayGRPOConfig",
     "ReplayGRPOTrainer",
     "TaskFamily",
+    "WorkspaceEnvironment",
     "__version__",
     "arithmetic_task",
     "calibration_report",
@@ -83,4 +89,5 @@ __all__ = [
     "make_brier_reward",
     "make_format_reward",
     "verify_answer",
+    "workspace_task",
 ]

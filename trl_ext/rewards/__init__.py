@@ -1,4 +1,4 @@
-"""Reward functions for RLCR-style training (answer accuracy, Brier-score calibration, output format)."""
+"""Reward functions: answer accuracy, Brier-score calibration, output format, and an LLM judge."""
 
 from .functions import (
     RewardFunction,
@@ -10,6 +10,7 @@ from .functions import (
     make_confidence_format_reward,
     make_format_reward,
 )
+from .judge import LLMJudge, parse_judge_score
 from .parsing import (
     completion_text,
     extract_answer,
@@ -22,6 +23,7 @@ from .verify import verify_answer, verify_answers
 
 
 __all__ = [
+    "LLMJudge",
     "RewardFunction",
     "accuracy_reward",
     "brier_reward",
@@ -36,6 +38,7 @@ __all__ = [
     "make_format_reward",
     "normalize_answer",
     "parse_confidence",
+    "parse_judge_score",
     "verify_answer",
     "verify_answers",
 ]

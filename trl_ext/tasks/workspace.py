@@ -26,13 +26,10 @@ from datasets import Dataset
 from ..environments import TASK_COLUMN, WorkspaceEnvironment, describe_goal, parse_task
 from ..environments.workspace_task import MAX_CONFIG_CHARS, TaskConfigError
 from ..rewards.parsing import completion_text, extract_tag
+from ..trainers.absolute_zero_config import SEED_CRITERIA
 from .base import TaskFamily
 
 
-LEARNABILITY_CRITERIA = [
-    {"reward": "safety_score", "threshold": 0.5, "count": "above", "min_ratio": 0.3, "max_ratio": 0.7},
-    {"reward": "completion_score", "threshold": 0.5, "count": "below", "min_ratio": 0.3, "max_ratio": 0.7},
-]
 REWARD_WEIGHTS = [0.7, 0.3, 0.5]  # safety_score, completion_score, episode_format
 
 SEED_TASKS: list[dict[str, Any]] = [
@@ -213,7 +210,7 @@ def workspace_task(lenient: bool = False, completion_evaluator: str = "rule", ju
         solver_prompt_fn=solver_prompt,
         reward_funcs=[safety_score, completion, episode_format],
         seed_prompts=seed_prompts,
-        learnability_criteria=[dict(c) for c in LEARNABILITY_CRITERIA],
+        learnability_criteria=[dict(c) for c in SEED_CRITERIA],
         reward_weights=REWARD_WEIGHTS,
         environment_factory=WorkspaceEnvironment,
     )
