@@ -52,7 +52,7 @@ def overhead(steps: int) -> dict:
             return answers["1+1" if "1+1" in prompt_text else "2+2"][j % 2]
         return proposals[j]
 
-    common = dict(max_steps=steps + 1, learning_rate=1e-6, gradient_checkpointing=False, shuffle_dataset=False,
+    common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
                   max_completion_length=length)
     args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, per_device_train_batch_size=prompts * g,
                          num_generations=g, num_questions_per_prompt=k, max_question_length=length,

@@ -42,7 +42,7 @@ def make_trainer(replay: bool, steps: int, learning_rate: float, **replay_args):
     model, tokenizer = load_model()
     common = dict(max_steps=steps, per_device_train_batch_size=8, num_generations=4, max_completion_length=32,
                   temperature=1.0, learning_rate=learning_rate, lr_scheduler_type="constant", beta=0.0,
-                  gradient_checkpointing=False, reward_weights=[1.0, 0.5], seed=42)
+                  activation_checkpointing=False, reward_weights=[1.0, 0.5], seed=42)
     rewards = [make_accuracy_reward(lenient=True), make_format_reward()]
     data = graded_arithmetic(500, seed=42)
     if replay:

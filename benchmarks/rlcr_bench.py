@@ -54,7 +54,7 @@ def overhead(steps: int) -> dict:
     answer = fixed_length(tok, "<think>adding</think><answer>7</answer>", answer_len)
     confidence = fixed_length(tok, "<confidence>0.7</confidence>", confidence_len)
     data = graded_arithmetic(64, seed=0)
-    common = dict(max_steps=steps + 1, learning_rate=1e-6, gradient_checkpointing=False, shuffle_dataset=False,
+    common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
                   max_completion_length=answer_len)
     times = {}
 
@@ -122,7 +122,7 @@ def single_turn_rlcr_reward():
 
 def calibration(steps: int) -> dict:
     g_a, g_c, answer_len, confidence_len = 4, 2, 32, 16
-    common = dict(max_steps=steps, learning_rate=2e-6, lr_scheduler_type="constant", gradient_checkpointing=False,
+    common = dict(max_steps=steps, learning_rate=2e-6, lr_scheduler_type="constant", activation_checkpointing=False,
                   per_device_train_batch_size=g_a, num_generations=g_a, seed=0)
     runs = {}
 

@@ -26,6 +26,7 @@ from trl_ext.recipe import (
     resolve_model,
     run_recipe,
     write_json,
+    write_model_card,
 )
 from trl_ext.tasks import arithmetic_task
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
@@ -58,6 +59,17 @@ def seed_datasets(script_args, training_args, task):
         train = task.seed_prompts(script_args.num_train_samples or 200, training_args.seed)
         evaluation = None
     return train, evaluation
+
+
+def card_results(log_history, accuracy_key):
+    """The model card's headline numbers: means over the run of the learnable ratio, proposal invalid rate and solver
+    accuracy."""
+    results = {}
+    for name, key in (("learnable ratio", "unified_filter/learnable_ratio"), ("invalid proposals",
+                      "proposer/invalid_rate"), ("solver accuracy", accuracy_key)):
+        values = [log[key] for log in log_history if isinstance(log.get(key), (int, float))]
+        results[f"{name} (mean over steps)"] = sum(values) / len(values) if values else None
+    return results
 
 
 def main(script_args, training_args, model_args):
@@ -104,6 +116,8 @@ def main(script_args, training_args, model_args):
         for key, values in summary.items():
             print(f"{key:>34}: " + " ".join("-" if v is None else f"{v:.2f}" for v in values))
         print(f"report and plots in {output_dir}")
+    write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
+                     card_results(trainer.state.log_history, f"solver/{trainer.reward_func_names[0]}_mean"))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     return trainer.state.log_history

@@ -25,6 +25,7 @@ from trl_ext.recipe import (
     resolve_model,
     run_recipe,
     write_json,
+    write_model_card,
 )
 from trl_ext.rewards import make_accuracy_reward, make_format_reward
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
@@ -63,6 +64,17 @@ def summarize(log_history):
             "fresh_tokens": "replay/fresh_tokens"}
     return [{"step": log["step"], **{name: log.get(key) for name, key in keys.items()}}
             for log in log_history if "replay/solve_rate" in log]
+
+
+def card_results(steps, experience):
+    """The model card's headline numbers: fresh-rollout accuracy over the first and last quarter of the steps, and
+    what the buffer holds at the end."""
+    accuracy = [s["accuracy"] for s in steps if s["accuracy"] is not None]
+    quarter = max(1, len(accuracy) // 4)
+    first, last = accuracy[:quarter], accuracy[-quarter:]
+    return {"accuracy, first quarter of steps": sum(first) / len(first) if first else None,
+            "accuracy, last quarter of steps": sum(last) / len(last) if last else None,
+            "replay buffer trajectories": experience.num_trajectories, "replay buffer tasks": experience.num_tasks}
 
 
 def main(script_args, training_args, model_args):
@@ -106,6 +118,8 @@ def main(script_args, training_args, model_args):
               f"{len(exp.retired)} retired; accuracy per step: "
               + " ".join(f"{s['accuracy']:.2f}" for s in steps))
         print(f"report and plots in {output_dir}")
+    write_model_card(trainer, script_args, "built-in graded arithmetic questions (`trl_ext.data.graded_arithmetic`)",
+                     card_results(summarize(trainer.state.log_history), trainer.experience))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 

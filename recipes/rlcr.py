@@ -27,6 +27,7 @@ from trl_ext.recipe import (
     resolve_model,
     run_recipe,
     write_json,
+    write_model_card,
 )
 from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
@@ -65,6 +66,20 @@ def evaluate_and_plot(model, tokenizer, evaluation, training_args, name):
                         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}")
     write_json(output_dir / f"eval_{name}.json", result.rows)
     return result
+
+
+BUILTIN_DATA = "built-in graded arithmetic questions (`trl_ext.data.graded_arithmetic`)"
+
+
+def card_results(report):
+    """The model card's headline numbers: greedy accuracy and calibration before and after training."""
+    results = {}
+    for name in ("before", "after"):
+        if name in report:
+            r = report[name]
+            results.update({f"accuracy ({name})": r.accuracy, f"ECE ({name})": r.report.ece,
+                            f"Brier ({name})": r.report.brier, f"AUROC ({name})": r.report.auroc})
+    return results
 
 
 def _auroc(value):
@@ -128,6 +143,7 @@ def main(script_args, training_args, model_args):
                 print(f"{name:>6}: accuracy {r.accuracy:.3f}  ECE {r.report.ece:.3f}  Brier {r.report.brier:.3f}  "
                       f"AUROC {_auroc(r.report.auroc)}  confidence parse failures {r.confidence_parse_fail_rate:.0%}")
         print(f"report and plots in {output_dir}")
+    write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 

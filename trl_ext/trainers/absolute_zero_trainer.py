@@ -42,6 +42,7 @@ from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..rewards.parsing import completion_text
 from ..tasks.base import tagged_question_parser, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
+from .model_card import ModelCardMixin
 from .scoping import scoped_call
 
 
@@ -75,7 +76,7 @@ class _Group:
     rounds: int = 0
 
 
-class AbsoluteZeroTrainer(GRPOTrainer):
+class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
     Args:

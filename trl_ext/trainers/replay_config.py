@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
-
 from ..core.experience import BUCKET_WEIGHTINGS, SELECT_MODES
 from ..core.offpolicy_loss import OFF_POLICY_LOSSES
+from .base_config import TrlExtGRPOConfig
 
 
 @dataclass
-class ReplayGRPOConfig(GRPOConfig):
+class ReplayGRPOConfig(TrlExtGRPOConfig):
     r"""
     Configuration for [`ReplayGRPOTrainer`]: GRPO with experience replay of successful trajectories (ExGRPO-style).
 

@@ -34,6 +34,7 @@ from ..core.experience import (
     task_id_of,
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
+from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .scoping import scoped_call
 
@@ -99,7 +100,7 @@ class PendingCollection:
     """Whether any process has rows to store (then the gather runs on every process)."""
 
 
-class ReplayGRPOTrainer(GRPOTrainer):
+class ReplayGRPOTrainer(ModelCardMixin, GRPOTrainer):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
     Args:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
+from .base_config import TrlExtGRPOConfig
 
 
 DEFAULT_CONFIDENCE_PROMPT = (
@@ -14,7 +14,7 @@ DEFAULT_CONFIDENCE_PROMPT = (
 
 
 @dataclass
-class RLCRMultiTurnConfig(GRPOConfig):
+class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     r"""
     Configuration for [`RLCRMultiTurnTrainer`]: GRPO with an answer turn and a confidence turn per fixed answer.
 

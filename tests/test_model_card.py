@@ -1,0 +1,117 @@
+"""Model cards: TRL's card with the trainer's tags, paper and citation, the real base model, the data and the results;
+for full and LoRA runs, written by the recipes and pushed unchanged by `push_to_hub`."""
+
+import json
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from huggingface_hub import ModelCard
+from peft import LoraConfig
+
+from trl_ext import DEFAULT_MODEL_NAME, ReplayGRPOConfig, ReplayGRPOTrainer, RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.default_model import default_model_path
+from trl_ext.rewards import make_accuracy_reward
+from trl_ext.testing import cpu_test_args, tiny_checkpoint
+from trl_ext.trainers.model_card import resolve_base_model, results_table
+
+
+def _dataset(n=8):
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"What is {i}+1?"}], "solution": str(i + 1)} for i in range(n)]
+    )
+
+
+def test_base_model_of_hub_ids_and_local_checkpoints(tmp_path):
+    assert resolve_base_model("Qwen/Qwen2.5-1.5B-Instruct") == ("Qwen/Qwen2.5-1.5B-Instruct", None)
+    assert resolve_base_model(None) == (None, None)
+    default = default_model_path()
+    assert resolve_base_model(default) == (DEFAULT_MODEL_NAME, default)  # the embedded default's real name
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": default}))
+    assert resolve_base_model(str(adapter)) == (DEFAULT_MODEL_NAME, str(adapter))
+
+    previous_run = tmp_path / "run"
+    previous_run.mkdir()
+    (previous_run / "README.md").write_text("---\nbase_model: org/base\n---\n# card\n")
+    assert resolve_base_model(str(previous_run)) == ("org/base", str(previous_run))
+
+    unknown = tiny_checkpoint(tmp_path / "tiny")
+    assert resolve_base_model(unknown) == (None, unknown)
+
+
+def test_results_table():
+    assert results_table({"ECE (after)": 0.12345, "AUROC (after)": None, "trajectories": 3}) == (
+        "| metric | value |\n| --- | --- |\n| ECE (after) | 0.123 |\n| AUROC (after) | n/a |\n| trajectories | 3 |"
+    )
+
+
+@pytest.mark.slow
+def test_full_run_card_names_the_embedded_default_and_the_paper(tmp_path):
+    args = cpu_test_args(tmp_path / "out", ReplayGRPOConfig, max_steps=1, num_generations=2,
+                         per_device_train_batch_size=2, max_completion_length=4, activation_checkpointing=False)
+    trainer = ReplayGRPOTrainer(model=default_model_path(), reward_funcs=[make_accuracy_reward()], args=args,
+                                train_dataset=_dataset())
+    trainer.train()
+    trainer.save_model(args.output_dir)
+    trainer.set_model_card_details(dataset_description="built-in arithmetic", results={"accuracy": 0.25})
+    trainer.create_model_card()
+
+    card = ModelCard.load(Path(args.output_dir) / "README.md")
+    assert card.data.base_model == DEFAULT_MODEL_NAME
+    assert {"trl", "grpo", "trl-ext", "experience-replay", "exgrpo"} <= set(card.data.tags)
+    assert f"fine-tuned version of [{DEFAULT_MODEL_NAME}](https://huggingface.co/{DEFAULT_MODEL_NAME})" in card.text
+    assert "@article{zhan2025exgrpo" in card.text and "https://huggingface.co/papers/2510.02245" in card.text
+    assert "Training data: built-in arithmetic." in card.text and "| accuracy | 0.250 |" in card.text
+    assert "None" not in card.text
+
+
+def _lora_trainer(tmp_path, **overrides):
+    args = cpu_test_args(tmp_path / "out", RLCRMultiTurnConfig, max_steps=1, num_generations=2,
+                         num_generations_confidence=2, per_device_train_batch_size=2, max_completion_length=4,
+                         max_confidence_length=4, **overrides)
+    return RLCRMultiTurnTrainer(model=tiny_checkpoint(tmp_path / "tiny"), args=args, train_dataset=_dataset(),
+                                peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+
+
+def test_lora_run_card_replaces_peft_generic_card(tmp_path):
+    trainer = _lora_trainer(tmp_path)
+    trainer.train()
+    trainer.save_model(trainer.args.output_dir)  # PEFT writes its generic card here
+    trainer.set_model_card_details(dataset_name="openai/gsm8k", results={"ECE (before)": 0.3, "ECE (after)": 0.1})
+    trainer.create_model_card()
+
+    card = ModelCard.load(Path(trainer.args.output_dir) / "README.md")
+    assert card.data.library_name == "peft"
+    assert {"trl-ext", "rlcr", "calibration", "lora"} <= set(card.data.tags)
+    assert card.data.datasets == "openai/gsm8k"
+    assert "@article{damani2025beyond" in card.text and "https://huggingface.co/papers/2507.16806" in card.text
+    local = str(tmp_path / "tiny")
+    assert f"fine-tuned version of the local checkpoint `{local}`" in card.text and "None" not in card.text
+    assert "| ECE (after) | 0.100 |" in card.text and "- PEFT: " in card.text
+
+
+def test_push_to_hub_pushes_the_recorded_card(tmp_path, monkeypatch):
+    """`push_to_hub` goes through the same `create_model_card`: what is uploaded is the card with the results."""
+    import transformers.trainer
+
+    uploaded = {}
+
+    class FakeApi:
+        def upload_folder(self, folder_path, **kwargs):
+            uploaded["card"] = (Path(folder_path) / "README.md").read_text()
+            uploaded["repo_id"] = kwargs["repo_id"]
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeApi())
+    trainer = _lora_trainer(tmp_path, hub_model_id="someone/rlcr-tiny")
+    trainer.hub_model_id = "someone/rlcr-tiny"  # as `init_hf_repo` sets it (without the Hub call)
+    trainer.set_model_card_details(dataset_description="the local file `data.jsonl`", results={"ECE (after)": 0.1})
+    trainer.push_to_hub()
+
+    card = ModelCard(uploaded["card"])
+    assert uploaded["repo_id"] == "someone/rlcr-tiny" and card.data.model_name == "rlcr-tiny"
+    assert card.data.library_name == "peft" and "rlcr" in card.data.tags
+    assert "Training data: the local file `data.jsonl`." in card.text and "| ECE (after) | 0.100 |" in card.text
+    assert 'model="someone/rlcr-tiny"' in card.text and "@article{damani2025beyond" in card.text

@@ -1,0 +1,74 @@
+"""Recipe command lines: the CPU fallback, `--help` marking the embedded-default values, eval-only on a CPU machine,
+no deprecation warnings from our configs."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from trl_ext import RLCRMultiTurnConfig
+from trl_ext.recipe import cpu_fallback
+from trl_ext.testing import tiny_checkpoint
+
+
+ROOT = Path(__file__).parent.parent
+CPU_FLAGS = ["--use_cpu", "true", "--bf16", "false"]
+
+
+def test_cpu_fallback_only_when_nothing_chose_the_hardware(tmp_path):
+    assert cpu_fallback(["--model_name_or_path", "m"], has_accelerator=False) == ["--model_name_or_path", "m", *CPU_FLAGS]
+    assert cpu_fallback(["--model_name_or_path", "m"], has_accelerator=True) == ["--model_name_or_path", "m"]
+    for chosen in (["--bf16", "true"], ["--use-cpu"], ["--fp16=true"]):
+        assert cpu_fallback(chosen, has_accelerator=False) == chosen
+    gpu_yaml = tmp_path / "gpu.yaml"
+    gpu_yaml.write_text("bf16: true\n")
+    cpu_yaml = tmp_path / "plain.yaml"
+    cpu_yaml.write_text("max_steps: 2\n")
+    assert cpu_fallback(["--config", str(gpu_yaml)], has_accelerator=False) == ["--config", str(gpu_yaml)]
+    assert cpu_fallback([f"--config={cpu_yaml}"], has_accelerator=False) == [f"--config={cpu_yaml}", *CPU_FLAGS]
+
+
+def test_configs_raise_no_deprecation_warning_and_keep_trl_default():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        args = RLCRMultiTurnConfig("out", use_cpu=True, bf16=False)
+    assert args.activation_checkpointing is True and args.gradient_checkpointing is True  # TRL's GRPO default
+    with pytest.warns(FutureWarning, match="gradient_checkpointing"):  # the old name still works, and says so
+        args = RLCRMultiTurnConfig("out", use_cpu=True, bf16=False, gradient_checkpointing=False)
+    assert args.activation_checkpointing is False
+
+
+def test_recipe_configs_use_no_deprecated_key():
+    for path in sorted((ROOT / "recipes/configs").glob("*.yaml")):
+        assert "gradient_checkpointing" not in path.read_text(), path.name
+
+
+def test_help_marks_the_embedded_default_values():
+    out = subprocess.run([sys.executable, str(ROOT / "recipes/rlcr.py"), "--help"], capture_output=True, text=True,
+                         check=True, env={**os.environ, "COLUMNS": "1000"}).stdout
+    assert "rlcr_smollm2_cpu.yaml when the command line names neither --model_name_or_path nor --config" in out
+    max_steps = next(line for line in out.splitlines() if line.lstrip().startswith("--max_steps"))
+    assert "[embedded default: 6] (default: -1)" in out[out.index(max_steps):].split("\n  --")[0]
+
+
+@pytest.mark.slow
+def test_eval_only_with_a_named_model_runs_on_a_machine_without_gpu(tmp_path):
+    model = tiny_checkpoint(tmp_path / "tiny")
+    data = tmp_path / "data.jsonl"
+    Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(10)]).to_json(data)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--eval_only", "--model_name_or_path", model,
+           "--dataset_path", str(data), "--num_eval_samples", "2", "--output_dir", str(out),
+           "--max_completion_length", "4", "--max_confidence_length", "4"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "always::FutureWarning"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "no GPU found, running on CPU" in proc.stderr
+    assert "gradient_checkpointing" not in proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["eval"]["num_rows"] == 2 and (out / "reliability_eval.png").is_file()

@@ -1,0 +1,148 @@
+"""Model cards for the trl-ext trainers: TRL's card, with the real base model, the data and the run's results.
+
+TRL's `create_model_card` (called at every checkpoint, by `push_to_hub`, and by the recipes at the end of a run)
+renders its template with the trainer's `_tag_names`, `_name` and `_paper`. It knows the base model only when the
+model was loaded by Hub id: a local base (the embedded default, a previous run) shows as "None". `ModelCardMixin`
+runs TRL's method with the resolved base model in place of the local path, then adds what TRL's template has no place
+for: the training data when it is not a Hub dataset, the run's headline results, and PEFT's metadata for adapters
+(PEFT's own card, written by `save_pretrained`, would replace TRL's tags and name a local path as base model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .scoping import scoped_call
+
+
+def resolve_base_model(name_or_path: str | None) -> tuple[str | None, str | None]:
+    """`(hub_id, local_dir)` of the model a run started from.
+
+    A Hub id is returned as is. For a local directory: the embedded default's conversion gives its Hub name; a PEFT
+    adapter gives its `base_model_name_or_path` (resolved in turn); a checkpoint with a model card (e.g. the output of
+    an earlier run) gives the card's `base_model`. Otherwise the Hub id is `None` and only the directory is known.
+    """
+    if not name_or_path:
+        return None, None
+    path = Path(name_or_path)
+    if not path.is_dir():
+        return str(name_or_path), None
+    from ..default_model import embedded_model_name
+
+    if (name := embedded_model_name(path)) is not None:
+        return name, str(path)
+    adapter_config = path / "adapter_config.json"
+    if adapter_config.is_file():
+        try:
+            base = json.loads(adapter_config.read_text()).get("base_model_name_or_path")
+        except (OSError, ValueError):
+            base = None
+        if base and Path(base).resolve() != path.resolve():
+            return resolve_base_model(base)[0], str(path)
+    card = path / "README.md"
+    if card.is_file():
+        from huggingface_hub import ModelCard
+
+        try:
+            base = ModelCard.load(card, ignore_metadata_errors=True).data.base_model
+        except Exception:  # noqa: BLE001 - an unreadable card only means the base stays unknown
+            base = None
+        if isinstance(base, list):
+            base = base[0] if base else None
+        if isinstance(base, str) and base and not Path(base).is_dir():
+            return base, str(path)
+    return None, str(path)
+
+
+def results_table(results: Mapping[str, Any]) -> str:
+    """A two-column markdown table; floats with 3 decimals, `None` as n/a."""
+    rows = ["| metric | value |", "| --- | --- |"]
+    for name, value in results.items():
+        shown = "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        rows.append(f"| {name} | {shown} |")
+    return "\n".join(rows)
+
+
+class ModelCardMixin:
+    """Mixed into each trainer before `GRPOTrainer`: `create_model_card` as TRL's, completed.
+
+    `set_model_card_details(...)` records what only the caller knows (the data, the headline results); every later
+    card (checkpoints, the end of a recipe, `push_to_hub`) includes it, so the pushed card is the one on disk.
+    """
+
+    _card_details: dict = {}
+
+    def set_model_card_details(self, dataset_name: str | None = None, dataset_description: str | None = None,
+                               results: Mapping[str, Any] | None = None) -> None:
+        """Record the card's data and results.
+
+        Args:
+            dataset_name: A Hub dataset id (linked and put in the card's metadata by TRL's template).
+            dataset_description: The training data in words, for data that is not on the Hub (a local file, a
+                built-in generator).
+            results: Headline metrics of the run, e.g. `{"ECE before": 0.31, "ECE after": 0.12}`.
+        """
+        self._card_details = {"dataset_name": dataset_name, "dataset_description": dataset_description,
+                              "results": dict(results or {})}
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: str | list[str] | None = None):
+        if not self.is_world_process_zero():
+            return
+        details = self._card_details
+        dataset_name = dataset_name or details.get("dataset_name")
+        output_dir = Path(self.args.output_dir)
+        config = self.model.config  # a PEFT model forwards to its base model's config
+        base, local = resolve_base_model(getattr(config, "_name_or_path", None))
+        # TRL reads the base model from the config and the quick-start model id from `hub_model_id`: give it the
+        # resolved Hub id, and the output directory for a card that stays local.
+        with scoped_call(config, _name_or_path=base or ""), \
+                scoped_call(self, hub_model_id=self.hub_model_id or str(output_dir)):
+            super().create_model_card(model_name=model_name or output_dir.name, dataset_name=dataset_name,
+                                      tags=tags)
+        self._complete_card(output_dir / "README.md", base, local, details)
+
+    def _complete_card(self, path: Path, base: str | None, local: str | None, details: dict) -> None:
+        from huggingface_hub import ModelCard
+
+        card = ModelCard.load(path)
+        text = card.text
+        if base is None:
+            where = f"the local checkpoint `{local}`" if local else "a model whose name was not recorded"
+            text = text.replace("[None](https://huggingface.co/None)", where)
+        elif local is not None:
+            text = text.replace("It has been trained using", f"It started from the local checkpoint `{local}`.\n"
+                                "It has been trained using", 1)
+
+        section = []
+        if details.get("dataset_description"):
+            section.append(f"Training data: {details['dataset_description']}.")
+        if details.get("results"):
+            section.append(results_table(details["results"]))
+        if section:
+            body = "## Results\n\n" + "\n\n".join(section) + "\n\n"
+            anchor = "## Training procedure"
+            text = text.replace(anchor, body + anchor, 1) if anchor in text else text + "\n" + body
+
+        from accelerate.utils import is_peft_model
+
+        if is_peft_model(self.model):
+            import peft
+
+            card.data.library_name = "peft"
+            extra = ["peft", *(["lora"] if _is_lora(self.model) else [])]
+            extra += [f"base_model:adapter:{base}"] if base else []
+            card.data.tags = [*card.data.tags, *(t for t in extra if t not in card.data.tags)]
+            versions = "### Framework versions\n\n"
+            text = text.replace(versions, f"{versions}- PEFT: {peft.__version__}\n", 1)
+        card.text = text
+        card.save(os.fspath(path))
+
+
+def _is_lora(model) -> bool:
+    peft_type = getattr(getattr(model, "active_peft_config", None), "peft_type", None)
+    return str(getattr(peft_type, "value", peft_type)).upper() == "LORA"
