@@ -38,6 +38,7 @@ _LAZY = {
     "expected_calibration_error": "calibration",
     "DEFAULT_MODEL_NAME": "default_model",
     "default_model_path": "default_model",
+    "use_tool_chat_template": "tool_chat_template",
 }
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real objects
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real objects
     from .environments import WorkspaceEnvironment
     from .rewards import LLMJudge, make_accuracy_reward, make_brier_reward, make_format_reward, verify_answer
     from .tasks import TaskFamily, arithmetic_task, workspace_task
+    from .tool_chat_template import use_tool_chat_template
     from .trainers import (
         AbsoluteZeroConfig,
         AbsoluteZeroTrainer,
@@ -88,6 +90,7 @@ __all__ = [
     "make_accuracy_reward",
     "make_brier_reward",
     "make_format_reward",
+    "use_tool_chat_template",
     "verify_answer",
     "workspace_task",
 ]

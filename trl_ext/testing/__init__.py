@@ -9,7 +9,7 @@
 
 from .config import cpu_test_args
 from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_result
-from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration
+from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, tool_call_text
 from .tiny_model import tiny_causal_lm, tiny_checkpoint, tiny_tokenizer
 from .vllm_server import LoopbackVLLMServer, vllm_server_mode
 from .weights import changed_parameters, snapshot_parameters
@@ -28,6 +28,7 @@ __all__ = [
     "tiny_causal_lm",
     "tiny_checkpoint",
     "tiny_tokenizer",
+    "tool_call_text",
     "vllm_server_mode",
     "weights_digest",
     "write_rank_result",

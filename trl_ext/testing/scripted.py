@@ -8,10 +8,15 @@ trainer's own code.
     with ScriptedGeneration(trainer, lambda prompt, k: "A" if k % 2 else "B") as gen, BatchRecorder(trainer) as rec:
         trainer.train()
     gen.calls[0].num_generations, rec.batches[0]["advantages"]
+
+With tools or an `environment_factory`, a script returns `tool_call_text(...)` to call a tool, and TRL's own tool loop
+runs the call and generates again (one row at a time, `num_generations=1`) from the episode so far: the script sees
+the tool results (`<tool_response>` blocks) in the decoded prompt and decides from them.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +35,11 @@ class GenerationCall:
 
 
 Script = Callable[[str, int], "str | list[int]"]
+
+
+def tool_call_text(name: str, **arguments) -> str:
+    """A completion calling tool `name` with `arguments`, in the format of `trl_ext.use_tool_chat_template`."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 class ScriptedGeneration:

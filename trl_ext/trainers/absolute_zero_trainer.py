@@ -13,6 +13,12 @@ with copies of a real row when it has less work. Once the rows are chosen, each 
 `GRPOTrainer._generate_and_score_completions` itself, replaying the recorded generations and rewards (see
 `_replaying`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
 are TRL's. The trainer then sets the proposer advantages and the loss masks, and concatenates the two batches.
+
+Tools and environments (`tools`, `environment_factory`) belong to the solver. Proposer generation runs with them
+switched off (no tool schema in its prompts, no environment, no tool loop). A solving round runs the start of TRL's own
+`_generate_and_score_completions` up to its `_generate` call (`_episodes`): TRL draws one environment per row, calls
+`reset(**row)` with the solver input row and runs its tool loop; the round then scores the rows while their
+environments are live, and the final batch replays those recorded scores with the recorded `tool_mask`.
 """
 
 from __future__ import annotations
@@ -47,9 +53,18 @@ from .scoping import scoped_call
 
 
 SOLVER, PROPOSER = 0, 1
-# Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces).
+# Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces), and
+# `environment`, with which a seed row picks one of several environments (a proposal must not choose it).
 _RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra",
-             "log_metric", "environments"}
+             "log_metric", "environments", "environment"}
+
+
+class _EpisodesGenerated(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Carries `_generate`'s output out of `GRPOTrainer._generate_and_score_completions` (see `_episodes`)."""
+
+    def __init__(self, output):
+        super().__init__()
+        self.output = output
 
 
 @dataclass
@@ -60,6 +75,7 @@ class _Generated:
     completion_ids: list[int]
     logprobs: list[float] | None
     completion: Any  # TRL's decoded completion (a message list for conversational prompts)
+    tool_mask: list[int] | None = None  # TRL's: 0 on tool-output tokens (episodes with tools), else None
 
 
 @dataclass
@@ -82,8 +98,9 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
     Args:
         model: As [`~trl.GRPOTrainer`].
         reward_funcs: Solver reward functions in TRL's signature. The parsed question's fields arrive as columns
-            (e.g. the gold `solution`), with the seed row's other columns. Their names are what
-            `learnability_criteria` refer to.
+            (e.g. the gold `solution`), with the seed row's other columns; with an environment, `environments=` holds
+            each row's live instance. Their names (and an environment's `get_reward` column, named after its class)
+            are what `learnability_criteria` refer to. May be omitted when the environment defines `get_reward`.
         args: An [`AbsoluteZeroConfig`].
         parse_question: `f(proposal_text) -> dict | None`; `None` marks an invalid proposal. Defaults to the content
             of `<question_tag>` as `{"question": ...}`. An exception counts as an invalid proposal.
@@ -91,11 +108,18 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
             `solver_system_prompt`) formatted with the question's fields.
         **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset`,
             `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
-            [`~trl.GRPOTrainer`].
+            [`~trl.GRPOTrainer`]; `tools` and `environment_factory` (a callable or a dict of them, as
+            [`~trl.GRPOTrainer`]) for the solver: each solver rollout gets its own environment, reset with the solver
+            input row (`reset(**row)`: the seed row's columns, the parsed question's fields and the solver `prompt`),
+            and runs as a multi-step episode in TRL's tool loop. Proposer generation never sees tools. A dict factory
+            picks the environment from the seed row's `environment` column. `rollout_func` is not supported.
 
     Batch rows (per process): the solver rows, in the order of the seed rows received (rollout_n per prompt), then
     the proposer rows with zero-loss padding; `role` is 0 for solver and 1 for proposer rows, and `tool_mask` zeroes
-    the loss of unresolved prompts' solver rows and of padding rows.
+    the loss of tool-output tokens (TRL's), of unresolved prompts' solver rows and of padding rows.
+
+    Scores that need the live environment (`get_reward`, reward functions reading `environments`) are computed in the
+    solving round that ran the episode, like every solver reward, and the final batch replays the recorded values.
     """
 
     _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
@@ -114,19 +138,23 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
         ),
     }
 
-    def __init__(self, model, reward_funcs, args: AbsoluteZeroConfig | None = None, parse_question=None,
+    def __init__(self, model, reward_funcs=None, args: AbsoluteZeroConfig | None = None, parse_question=None,
                  solver_prompt_fn=None, **kwargs):
         if args is None:
             args = AbsoluteZeroConfig("AbsoluteZero")
         if not isinstance(args, AbsoluteZeroConfig):
             raise TypeError(f"args must be an AbsoluteZeroConfig, got {type(args).__name__}.")
-        for unsupported in ("tools", "rollout_func", "environment_factory"):
-            if kwargs.get(unsupported) is not None:
-                raise ValueError(
-                    f"AbsoluteZeroTrainer builds its own self-play rollout; `{unsupported}` is not supported."
-                )
-        if not reward_funcs:
-            raise ValueError("reward_funcs must hold at least one solver reward function (e.g. a numeric match).")
+        if kwargs.get("rollout_func") is not None:
+            raise ValueError(
+                "AbsoluteZeroTrainer does not support `rollout_func`: it generates both roles itself (propose, solve, "
+                "repropose), and a rollout_func would replace that generation for the proposer as well. For "
+                "multi-step solver episodes pass `environment_factory` or `tools`, which run inside TRL's generation."
+            )
+        if not reward_funcs and kwargs.get("environment_factory") is None:
+            raise ValueError(
+                "reward_funcs must hold at least one solver reward function (e.g. a numeric match), unless an "
+                "environment_factory whose environment defines `get_reward` scores the solver."
+            )
         for split in ("train_dataset", "eval_dataset"):
             _check_dataset(kwargs.get(split), split)
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
@@ -152,7 +180,12 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
     def _generate(self, prompts):
         if self._replay is not None:
             return self._replay[0]
-        return super()._generate(prompts)
+        output = super()._generate(prompts)
+        if self._stop_after_generation:
+            raise _EpisodesGenerated(output)
+        return output
+
+    _stop_after_generation = False
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         if self._replay is not None:
@@ -169,13 +202,37 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
 
     def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
         """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
-        (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating."""
+        (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating.
+
+        No environment is drawn or reset and no tool runs: the episodes are over, their scores recorded."""
         logprobs = [r.logprobs for r in rows]
+        tool_mask = None
+        if any(r.tool_mask is not None for r in rows):
+            tool_mask = [r.tool_mask if r.tool_mask is not None else [1] * len(r.completion_ids) for r in rows]
         generation = (
-            [r.prompt_ids for r in rows], [r.completion_ids for r in rows], None, [r.completion for r in rows],
+            [r.prompt_ids for r in rows], [r.completion_ids for r in rows], tool_mask, [r.completion for r in rows],
             None if any(lp is None for lp in logprobs) else logprobs, {}, None, [],
         )
-        return scoped_call(self, _replay=(generation, rewards.to(self.accelerator.device)))
+        return scoped_call(self, _replay=(generation, rewards.to(self.accelerator.device)), **self._no_tools())
+
+    def _no_tools(self) -> dict:
+        """Attributes that switch TRL's tools and environments off for one call (proposer rows, replayed batches)."""
+        return {"tools": [], "environment_factories": None, "environments": None}
+
+    def _episodes(self, inputs: list[dict]):
+        """`_generate`'s output for solver `inputs` (this process's), generated the way GRPOTrainer does it.
+
+        With an environment, TRL draws one instance per row, resets it with the row and runs the tool loop in the
+        first part of `_generate_and_score_completions`, before its `_generate` call; that part is not a method of
+        its own. It runs here up to that call, which hands its output back by exception, so the log-prob passes and
+        scoring that follow are skipped. `self.environments` keeps the live instances for the round's rewards.
+        """
+        with scoped_call(self, _stop_after_generation=True):
+            try:
+                super()._generate_and_score_completions(inputs)
+            except _EpisodesGenerated as generated:
+                return generated.output
+        raise RuntimeError("GRPOTrainer._generate_and_score_completions returned without calling _generate.")
 
     # -- generation rounds -------------------------------------------------------------------------------------------
     def _local_share(self, items: list) -> list:
@@ -187,14 +244,24 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
         return padded[rank * per_process:(rank + 1) * per_process]
 
     def _generate_rows(self, prompts: list, num_generations: int, mode: str, prefix: str | None,
-                       max_new_tokens: int | None) -> list[_Generated]:
-        """One `_generate` call on this process's rows; returns every process's rows, in process order."""
+                       max_new_tokens: int | None, inputs: list[dict] | None = None) -> list[_Generated]:
+        """One `_generate` call on this process's rows; returns every process's rows, in process order.
+
+        Proposer rows (`inputs` None) are generated from `prompts` without tools; solver rows run as episodes of
+        their input rows (`_episodes`)."""
         with scoped_call(self, mode, prefix, max_new_tokens, num_generations=num_generations,
                           num_generations_eval=num_generations):
-            prompt_ids, completion_ids, _, completions, logprobs, _, _, _ = self._generate(prompts)
+            if inputs is None:
+                with scoped_call(self, **self._no_tools()):
+                    output = self._generate(prompts)
+            else:
+                output = self._episodes(inputs)
+        prompt_ids, completion_ids, tool_mask, completions, logprobs, _, _, _ = output
         logprobs = logprobs or [None] * len(prompts)
-        local = [_Generated(list(map(int, p)), list(map(int, c)), lp, comp)
-                 for p, c, lp, comp in zip(prompt_ids, completion_ids, logprobs, completions, strict=True)]
+        tool_mask = tool_mask or [None] * len(prompts)
+        local = [_Generated(list(map(int, p)), list(map(int, c)), lp, comp, None if tm is None else list(map(int, tm)))
+                 for p, c, lp, comp, tm in zip(prompt_ids, completion_ids, logprobs, completions, tool_mask,
+                                               strict=True)]
         rows = gather_object(local)
         self._generation_calls += 1
         self._generated[f"{prefix or 'solver'}_rows"] += len(rows)
@@ -242,8 +309,9 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
             share = self._local_share(valid)
             inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
             prompts = [row["prompt"] for row in inputs]
-            responses = self._generate_rows(prompts, group_size, mode, None, None)
+            responses = self._generate_rows(prompts, group_size, mode, None, None, inputs)
             local = responses[self.accelerator.process_index * len(inputs):][:len(inputs)]
+            # `self.environments` still holds this round's episodes: environment scores are recorded now.
             rewards = super()._calculate_rewards(
                 inputs, prompts, [r.completion for r in local], [r.completion_ids for r in local]
             ).cpu()
