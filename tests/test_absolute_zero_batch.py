@@ -156,6 +156,13 @@ def test_azr_mode(tmp_path):
     torch.testing.assert_close(batch["advantages"][4:], torch.tensor([adv, -adv, adv, -adv]))
 
 
+def test_azr_code_mode_penalises_questions_all_or_none_solve(tmp_path):
+    trainer = make_trainer(tmp_path, proposer_reward_mode="azr_code", proposer_rows="all")
+    _, batch, _ = run(trainer, "no_repropose")
+    adv = 0.5 / (0.5 ** 0.5 + 1e-4)  # rewards [1 - 0.5, -0.5] per group (solve rates 0.5, then 1.0 or 0.0)
+    torch.testing.assert_close(batch["advantages"][4:], torch.tensor([adv, -adv, adv, -adv]))
+
+
 def test_proposer_padding_keeps_rows_divisible(tmp_path):
     # 3 prompts, steps_per_generation 2: 6 solver rows + 3 proposer rows padded to 4, so 10 rows split in 2.
     trainer = make_trainer(tmp_path, prompts="ABA", per_device_train_batch_size=3, gradient_accumulation_steps=2,

@@ -111,6 +111,15 @@ def test_proposer_rewards_azr_mode():
         proposer_rewards([True], [0.5], False, "other")
 
 
+def test_proposer_rewards_azr_released_code_mode():
+    """AZR's released code: 1 - solve rate inside (0, 1); a valid question all or none solve gets -0.5, not 0."""
+    group, rates = [True, False, False, None, False], [0.25, 1.0, 0.0, None, 0.5]
+    assert proposer_rewards(group, rates, False, "azr_code") == [0.75, -0.5, -0.5, -1.0, 0.5]
+    # unresolved prompts are not penalised again; the uniform reward and the invalid reward are configurable
+    assert proposer_rewards(group, rates, True, "azr_code", invalid_reward=-2.0, uniform_reward=-0.25) == [
+        0.75, -0.25, -0.25, -2.0, 0.5]
+
+
 def test_selected_rows_use_a_batch_baseline():
     rewards = torch.tensor([1.0, 0.0, -1.0, 1.0])
     mean, std = 0.25, torch.tensor([1.0, 0.0, -1.0, 1.0]).std().item()  # unbiased std 0.9574

@@ -157,6 +157,7 @@ def test_task_family_pieces():
     ({"proposer_rows": "some"}, "proposer_rows"),
     ({"proposer_loss_weight": -1.0}, "proposer_loss_weight"),
     ({"repropose_penalty": float("inf")}, "repropose_penalty"),
+    ({"uniform_question_reward": float("nan")}, "uniform_question_reward"),
     ({"max_question_length": 0}, "max_question_length"),
     ({"question_tag": "<q>"}, "question_tag"),
     ({"proposer_prompt_template": "no placeholder"}, "proposer_prompt_template"),

@@ -48,6 +48,28 @@ def test_recipe_configs_use_no_deprecated_key():
         assert "gradient_checkpointing" not in path.read_text(), path.name
 
 
+@pytest.mark.parametrize("recipe, script_args", [
+    ("rlcr", "RLCRScriptArguments"), ("replay_grpo", "ReplayScriptArguments"),
+    ("absolute_zero", "AbsoluteZeroScriptArguments"),
+])
+def test_recipe_configs_name_only_known_fields(recipe, script_args):
+    """A misspelt or removed key would fail only on the GPU node the config is written for."""
+    import dataclasses
+    import importlib.util
+
+    import yaml
+    from trl import ModelConfig
+
+    spec = importlib.util.spec_from_file_location(f"recipe_{recipe}", ROOT / "recipes" / f"{recipe}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    config_cls = next(v for k, v in vars(module).items() if k.endswith("Config") and dataclasses.is_dataclass(v))
+    known = {f.name for cls in (getattr(module, script_args), config_cls, ModelConfig) for f in dataclasses.fields(cls)}
+    for path in sorted((ROOT / "recipes/configs").glob(f"{recipe}_*.yaml")):
+        assert set(yaml.safe_load(path.read_text())) - known == set(), path.name
+
+
 def test_help_marks_the_embedded_default_values():
     out = subprocess.run([sys.executable, str(ROOT / "recipes/rlcr.py"), "--help"], capture_output=True, text=True,
                          check=True, env={**os.environ, "COLUMNS": "1000"}).stdout

@@ -79,7 +79,9 @@ def task_id_of(example: dict, column: str = "task_id") -> str:
 def masked_mean_entropy(entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row mean of `entropies` (B, T) over `mask` (B, T) only; 0 for an empty row.
 
-    Averaging over padding too (ExGRPO's bug) makes short completions look more certain than they are.
+    ExGRPO's released code inverts this mask: its "mean entropy" of a trajectory averages over the padding positions
+    after the completion only, never over the completion's own tokens, so its `argmin` selection does not rank
+    trajectories by how certain the model was of them.
     """
     mask = mask.to(entropies.dtype)
     return (entropies * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-MODES = ("learnability", "azr")
+MODES = ("learnability", "azr", "azr_code")
 
 
 def proposer_rewards(
@@ -20,13 +20,16 @@ def proposer_rewards(
     mode: str,
     invalid_reward: float = -1.0,
     repropose_penalty: float = -0.5,
+    uniform_reward: float = -0.5,
 ) -> list[float]:
     """Rewards of one question group's proposals.
 
     - `"learnability"` (seeds): 1.0 if learnable, 0.0 if not; `repropose_penalty` for every valid proposal of a prompt
       still unresolved after the last repropose attempt.
-    - `"azr"` (Absolute Zero): `1 - solve_rate` when `0 < solve_rate < 1`, else 0.
-    Invalid proposals get `invalid_reward` in both modes.
+    - `"azr"` (the Absolute Zero paper): `1 - solve_rate` when `0 < solve_rate < 1`, else 0.
+    - `"azr_code"` (Absolute Zero's released code): `1 - solve_rate` when `0 < solve_rate < 1`, else
+      `uniform_reward` (-0.5 there): a valid question that every response, or none, solves is penalised, not neutral.
+    Invalid proposals get `invalid_reward` in every mode.
     """
     if mode not in MODES:
         raise ValueError(f"proposer_reward_mode must be one of {MODES} (got {mode!r}).")
@@ -36,8 +39,10 @@ def proposer_rewards(
             rewards.append(float(invalid_reward))
         elif mode == "learnability":
             rewards.append(float(repropose_penalty) if unresolved else float(ok))
+        elif 0.0 < rate < 1.0:
+            rewards.append(1.0 - rate)
         else:
-            rewards.append(1.0 - rate if 0.0 < rate < 1.0 else 0.0)
+            rewards.append(float(uniform_reward) if mode == "azr_code" else 0.0)
     return rewards
 
 

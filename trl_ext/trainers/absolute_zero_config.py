@@ -46,13 +46,17 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             within [0.3, 0.7]).
         proposer_reward_mode (`str`, *optional*, defaults to `"learnability"`):
             `"learnability"`: 1 for a learnable question, 0 otherwise, `repropose_penalty` for a prompt still
-            unresolved after the last attempt. `"azr"`: `1 - solve_rate` when `0 < solve_rate < 1`, else 0, where the
-            solve rate is the first criterion's counted ratio.
+            unresolved after the last attempt. `"azr"` (the paper): `1 - solve_rate` when `0 < solve_rate < 1`, else
+            0, where the solve rate is the first criterion's counted ratio. `"azr_code"` (AZR's released code): the
+            same inside (0, 1), `uniform_question_reward` at 0 or 1.
         repropose_penalty (`float`, *optional*, defaults to `-0.5`):
             Proposer reward of the valid proposals of a prompt unresolved after `max_repropose_attempts`
             (`"learnability"` mode).
         invalid_question_reward (`float`, *optional*, defaults to `-1.0`):
-            Proposer reward of a proposal `parse_question` rejects (both modes).
+            Proposer reward of a proposal `parse_question` rejects (every mode).
+        uniform_question_reward (`float`, *optional*, defaults to `-0.5`):
+            Proposer reward of a valid question that all or none of its responses solve (`"azr_code"` mode; AZR's
+            released code uses -0.5).
         proposer_rows (`str`, *optional*, defaults to `"selected"`):
             `"selected"`: one proposer row per prompt, the selected question's proposal (the first valid, else the
             first, proposal when unresolved), with a batch-level baseline. `"all"`: all `K` proposals, advantages
@@ -87,13 +91,17 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
     )
     proposer_reward_mode: str = field(
         default="learnability",
-        metadata={"help": "'learnability' (1/0/penalty) or 'azr' (1 - solve rate).", "choices": list(MODES)},
+        metadata={"help": "'learnability' (1/0/penalty), 'azr' (1 - solve rate, else 0) or 'azr_code' (else "
+                  "uniform_question_reward).", "choices": list(MODES)},
     )
     repropose_penalty: float = field(
         default=-0.5, metadata={"help": "Proposer reward of a prompt unresolved after the last repropose attempt."}
     )
     invalid_question_reward: float = field(
         default=-1.0, metadata={"help": "Proposer reward of an unparsable proposal."}
+    )
+    uniform_question_reward: float = field(
+        default=-0.5, metadata={"help": "azr_code mode: proposer reward of a question all or none of its responses solve."}
     )
     proposer_rows: str = field(
         default="selected",
@@ -133,7 +141,7 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             raise ValueError(f"proposer_reward_mode must be one of {MODES} (got {self.proposer_reward_mode!r}).")
         if self.proposer_rows not in PROPOSER_ROWS:
             raise ValueError(f"proposer_rows must be one of {PROPOSER_ROWS} (got {self.proposer_rows!r}).")
-        for name in ("repropose_penalty", "invalid_question_reward"):
+        for name in ("repropose_penalty", "invalid_question_reward", "uniform_question_reward"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number (got {getattr(self, name)}).")
         if not (math.isfinite(self.proposer_loss_weight) and self.proposer_loss_weight >= 0):

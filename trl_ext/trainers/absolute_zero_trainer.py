@@ -365,7 +365,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
         unresolved = [s is None for s in selected]
         rewards = [
             proposer_rewards(g.learnable, g.solve_rates, u, args.proposer_reward_mode, args.invalid_question_reward,
-                             args.repropose_penalty)
+                             args.repropose_penalty, args.uniform_question_reward)
             for g, u in zip(groups, unresolved, strict=True)
         ]
 

@@ -38,8 +38,10 @@ class ReplayGRPOConfig(TrlExtGRPOConfig):
         experience_lbound (`int`, *optional*, defaults to `0`):
             Tasks are collected when `experience_lbound < successes`.
         experience_rbound (`int`, *optional*):
-            ... and `successes < experience_rbound` (successes among `num_generations` fresh rollouts). Defaults to
-            `num_generations`: tasks solved every time are retired instead.
+            ... and `successes < experience_rbound` (successes among `num_generations` fresh rollouts; exclusive).
+            Defaults to `num_generations`: tasks solved every time are retired instead. ExGRPO's bound of the same
+            name is inclusive (`lbound < successes <= rbound`): its value `r` is `r + 1` here (its recipe's 7 of 8
+            rollouts is 8 here, the default).
         max_buffer_tokens (`int`, *optional*, defaults to `20_000_000`):
             Bound on the tokens held by the buffer (prompt ids once per task plus completion ids, ~8 bytes per
             completion token with its recorded log-prob). The oldest policy version is evicted first. `None`:
@@ -84,7 +86,8 @@ class ReplayGRPOConfig(TrlExtGRPOConfig):
     exp_select_mode: str = field(default="argmin", metadata={"help": "argmin | argmax | random (by mean entropy)."})
     experience_lbound: int = field(default=0, metadata={"help": "Collect tasks with successes > this."})
     experience_rbound: int | None = field(
-        default=None, metadata={"help": "Collect tasks with successes < this (default num_generations)."}
+        default=None,
+        metadata={"help": "Collect tasks with successes < this (exclusive; ExGRPO's inclusive r is r + 1 here)."},
     )
     max_buffer_tokens: int | None = field(
         default=20_000_000, metadata={"help": "Bound on buffered tokens; oldest policy version evicted first."}
