@@ -79,3 +79,19 @@ def test_format_failure_trains_the_whole_completion(tok):
 def test_empty_completion(tok):
     assert span_token_mask(tok, [], ["<think>"], "</answer>", [tok.eos_token_id]) == ([], False)
     assert span_token_mask(tok, [tok.eos_token_id], ["<think>"], "</answer>", [tok.eos_token_id]) == ([1], False)
+
+
+def test_streaming_decoder_and_window_decoder_agree(tok):
+    """`DecodeStream` (fast tokenizers) and the window decoder (others) give the same text and spans, split
+    multi-byte characters, special tokens and leading spaces included."""
+    import random
+
+    from trl_ext.core.spans import _stream_spans, _window_spans
+
+    rng = random.Random(0)
+    samples = [tok("héllo 日本語 😀 <answer>4</answer>", add_special_tokens=False)["input_ids"]]
+    samples += [[rng.randrange(len(tok)) for _ in range(rng.randrange(1, 12))] for _ in range(100)]
+    for ids in samples:
+        assert _stream_spans(tok.backend_tokenizer, ids) == _window_spans(tok, ids), ids
+    text, spans = _stream_spans(tok.backend_tokenizer, tok("😀", add_special_tokens=False)["input_ids"])
+    assert text == "😀" and len(set(spans)) == 1  # the emoji's byte tokens share one span

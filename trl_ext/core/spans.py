@@ -14,9 +14,9 @@ def token_char_spans(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int
     """Decode `ids` (special tokens kept) and return the text and each token's `[start, end)` character span.
 
     Fast path: when decoding tokens one by one reproduces the full decode (ASCII text, byte-level BPE without split
-    characters), spans are cumulative lengths. Otherwise an incremental decoder runs: each step decodes a small
-    window ending at the new token and emits the text it adds once that text is complete (no trailing U+FFFD); tokens
-    that complete a multi-byte character together share its span.
+    characters), spans are cumulative lengths. Otherwise the text is decoded as a stream, token by token, and tokens
+    that complete a multi-byte character together share its span: with the `tokenizers` library's `DecodeStream`
+    for a fast tokenizer, else with `_window_spans`, the same algorithm for tokenizers without a Rust backend.
     """
     ids = [int(t) for t in ids]
     if not ids:
@@ -29,10 +29,32 @@ def token_char_spans(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int
             spans.append((pos, pos + len(piece)))
             pos += len(piece)
         return text, spans
-    return _incremental_spans(tokenizer, ids)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return _stream_spans(backend, ids) if backend is not None else _window_spans(tokenizer, ids)
 
 
-def _incremental_spans(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+def _stream_spans(backend, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """Spans from `tokenizers.decoders.DecodeStream`, which returns the text each token completes (or nothing)."""
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(skip_special_tokens=False)
+    text, spans, waiting = "", [], 0
+    for token in ids:
+        chunk = stream.step(backend, token)
+        waiting += 1
+        if chunk is not None:
+            start = len(text)
+            text += chunk
+            spans.extend([(start, len(text))] * waiting)
+            waiting = 0
+    spans.extend([(len(text), len(text))] * waiting)  # an incomplete character at the very end
+    return text, spans
+
+
+def _window_spans(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """Streaming decode for tokenizers without a `tokenizers` backend: each step decodes a small window ending at the
+    new token and emits the text it adds once that text is complete (no trailing U+FFFD)."""
+
     def decode(window):
         return tokenizer.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 

@@ -5,6 +5,8 @@ The evaluator never calls `eval`: it parses with `ast.parse(mode="eval")` and wa
 `+ - * /`, unary `+ -` and parentheses, with bounds on text length, node count, depth and the size of every
 intermediate value, so model output cannot make it raise, hang or allocate without bound. Arithmetic is exact
 (`Fraction`); a question whose answer is not a terminating decimal with at most `MAX_DECIMALS` places is invalid.
+Hand-written on purpose: general expression evaluators (e.g. simpleeval) compute in floats, accept names and calls,
+and bound neither intermediate magnitudes nor work, while a gold answer needs exact values and hard limits.
 """
 
 from __future__ import annotations
