@@ -1,0 +1,217 @@
+"""trl_ext.sandbox: results, the value exchange (reprs read with ast.literal_eval, hostile reprs), batching,
+determinism, no state shared between snippets, the isolation report, the interpreter choice and bad limits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_ext.sandbox import ExecutionResult, SandboxPool, execute, execute_many, isolation, sandbox_interpreter
+from trl_ext.sandbox.interpreter import NOBODY, usable_as
+from trl_ext.sandbox.pool import Limits
+
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux namespaces and rlimits")
+PROGRAM = "def f(xs, k):\n    return sorted(xs)[:k]\nresult = f([5, 3, 9, 1], 2)\nprint('done')"
+
+
+def test_value_and_stdout():
+    result = execute(PROGRAM, result_var="result")
+    assert result == ExecutionResult(ok=True, stdout="done\n", error=None, value=[1, 3], value_repr="[1, 3]",
+                                     duration_s=result.duration_s)
+    assert 0 < result.duration_s < 5
+
+
+@pytest.mark.parametrize("value", [0, -7, 2.5, "a'b\"c\n", b"\x00\xff", (1, (2, [3])), {"k": {1, 2}}, None, True,
+                                   set(), [], 10**100, 1 + 2j])
+def test_literal_values_round_trip(value):
+    result = execute(f"result = {value!r}", result_var="result")
+    assert result.ok and result.value == value and type(result.value) is type(value)
+
+
+def test_no_result_var_reads_nothing():
+    result = execute("result = object()")
+    assert result.ok and result.value is None and result.value_repr is None
+
+
+def test_exception_is_reported_with_type_and_message():
+    result = execute("x = 1 / 0", result_var="x")
+    assert not result.ok and result.error == "exception: ZeroDivisionError: division by zero"
+    result = execute("def f(:\n  pass")
+    assert result.error.startswith("exception: SyntaxError")
+
+
+def test_output_before_a_failure_is_kept():
+    result = execute("print('partial')\nraise ValueError('boom')")
+    assert result.stdout == "partial\n" and result.error == "exception: ValueError: boom"
+
+
+# -- hostile values in the exchange --------------------------------------------------------------------------------
+def test_missing_result_var():
+    result = execute("x = 1", result_var="result")
+    assert not result.ok and "did not define 'result'" in result.error
+
+
+def test_non_literal_value():
+    result = execute("result = object()", result_var="result")
+    assert not result.ok and result.error.startswith("unreadable result: not a Python literal")
+    assert result.value is None and result.value_repr.startswith("<object object")
+
+
+def test_repr_that_is_code_is_not_run():
+    marker = Path(f"/tmp/trl-ext-repr-{os.getpid()}")
+    result = execute(f"class Evil:\n    def __repr__(self):\n        return \"__import__('os').system('touch {marker}')\"\n"
+                     "result = Evil()", result_var="result")
+    assert not result.ok and result.error.startswith("unreadable result: not a Python literal")
+    assert not marker.exists()
+
+
+def test_repr_that_raises_or_is_not_a_string():
+    result = execute("class E:\n    def __repr__(self):\n        raise KeyError('no')\nresult = E()", result_var="result")
+    assert not result.ok and result.error == "unreadable result: repr raised KeyError: 'no'"
+    result = execute("class E:\n    def __repr__(self):\n        return 42\nresult = E()", result_var="result")
+    assert not result.ok and "repr raised TypeError" in result.error
+
+
+def test_repr_that_never_returns():
+    result = execute("class E:\n    def __repr__(self):\n        while True: pass\nresult = E()", result_var="result",
+                     timeout_s=1.0)
+    assert not result.ok and result.error == "timeout"
+
+
+def test_repr_that_prints_a_fake_result():
+    result = execute("class E:\n    def __repr__(self):\n        print('42')\n        return '7'\nresult = E()",
+                     result_var="result")
+    assert result.ok and result.value == 7 and result.stdout == "42\n"
+
+
+def test_huge_repr():
+    result = execute("result = 'x' * (3 << 20)", result_var="result")
+    assert not result.ok and "repr longer than" in result.error
+
+
+def test_deeply_nested_repr():
+    result = execute("result = []\nfor _ in range(10**5):\n    result = [result]", result_var="result")
+    assert not result.ok and "unreadable result" in result.error
+    result = execute("result = '-' * 100000 + '1'\nclass E:\n    def __repr__(self):\n        return result\n"
+                     "result = E()", result_var="result")
+    assert not result.ok and "unreadable result" in result.error
+
+
+def test_forged_result_channel():
+    # Writing a made-up result message on the result pipe and leaving: without the per-execution nonce the server
+    # rejects it.
+    result = execute("import os, json\nos.write(3, b'0' * 32 + json.dumps({}).encode())\nos._exit(0)",
+                     result_var="result")
+    assert not result.ok and "before the end" in result.error
+    result = execute("print('{\"ok\": true, \"value_repr\": \"1\"}')\nimport os\nos._exit(0)", result_var="result")
+    assert not result.ok and result.value is None
+
+
+# -- batches, determinism, state -------------------------------------------------------------------------------------
+def test_execute_many_keeps_order_and_isolates_failures():
+    codes = [f"result = {i} * {i}" if i % 3 else "result = 1 / 0" for i in range(12)]
+    results = execute_many(codes, result_var="result", max_workers=2)
+    assert [r.value for r in results] == [None if i % 3 == 0 else i * i for i in range(12)]
+    assert [r.ok for r in results] == [bool(i % 3) for i in range(12)]
+    assert execute_many([], result_var="result") == []
+
+
+def test_deterministic_across_runs_workers_and_servers():
+    code = ("words = {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}\n"
+            "result = (list(words), hash('abc'), sorted({3: 1, 1: 2}.items()), 2 ** 0.5)")
+    values = [r.value for r in execute_many([code] * 8, result_var="result", max_workers=2)]
+    fresh = SandboxPool()
+    try:
+        values.append(fresh.run(code, "result", Limits()).value)
+    finally:
+        fresh.close()
+    assert all(v == values[0] for v in values)
+
+
+def test_randomness_is_not_shared():
+    # Each snippet seeds `random` from the OS, as a fresh interpreter would: nondeterministic programs show it.
+    values = {r.value for r in execute_many(["import random\nresult = random.random()"] * 4, result_var="result")}
+    assert len(values) == 4
+
+
+def test_no_state_leaks_between_snippets():
+    first = execute("import math, builtins, sys\nmath.pi = 3\nbuiltins.abs = None\nsys.modules['leak'] = 1\n"
+                    "open('/tmp/leftover', 'w').write('x')\nresult = math.pi", result_var="result")
+    assert first.value == 3
+    second = execute("import math, os, sys\nresult = (math.pi, abs(-2), 'leak' in sys.modules, "
+                     "os.path.exists('/tmp/leftover'), os.listdir('.'))", result_var="result")
+    assert second.value == (3.141592653589793, 2, False, False, [])
+
+
+def test_a_hung_server_is_replaced(monkeypatch):
+    import trl_ext.sandbox.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "SERVER_GRACE_S", 0.0)
+    pool = SandboxPool()
+    try:
+        # The server's own timeout and the host's patience expire together: the host gives up on this server.
+        result = pool.run("while True: pass", None, Limits(timeout_s=1.0))
+        assert not result.ok and result.error in ("timeout", "sandbox server failed (replaced)")
+        assert pool.run("result = 5", "result", Limits()).value == 5
+    finally:
+        pool.close()
+
+
+# -- isolation report, interpreter, limits ---------------------------------------------------------------------------
+def test_isolation_report():
+    info = isolation()
+    assert set(info) >= {"namespaces", "uid", "rlimits", "missing", "interpreter", "python"}
+    assert "RLIMIT_NPROC" in info["rlimits"] and "RLIMIT_AS" in info["rlimits"]
+    if os.getuid() == 0:
+        assert info["uid"] == NOBODY and info["missing"] == []
+        assert {"network", "mount", "pid", "ipc"} <= set(info["namespaces"])
+    whoami = execute("import os\nresult = (os.getuid(), os.getgid(), os.getgroups(), os.getcwd())", result_var="result")
+    if os.getuid() == 0:
+        assert whoami.value == (NOBODY, NOBODY, [], "/tmp")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the interpreter check matters when the sandbox drops to uid 65534")
+def test_interpreter_is_usable_by_the_dropped_uid():
+    assert usable_as(sandbox_interpreter(), NOBODY)
+    assert not usable_as("/nonexistent/python3", NOBODY)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starts the non-root case as uid 65534")
+def test_not_root_user_namespaces_or_a_warning():
+    """As an unprivileged user: user + network namespaces where the kernel allows them, else rlimits only with a
+    warning that names what is not isolated. Either way the snippet cannot reach the network or write the project."""
+    # The system interpreter lacks the project's dependencies; the sandbox package itself is standard library only,
+    # so it is imported as a top-level package.
+    script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
+              "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
+              "net = execute('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=1)')\n"
+              f"write = execute('open(\"{REPO}/pwned\", \"w\")')\n"
+              "print(json.dumps([info, [str(w.message) for w in caught], net.error, write.error]))")
+    done = subprocess.run([sandbox_interpreter(), "-s", "-c", script], user=NOBODY, group=NOBODY, extra_groups=[],
+                          env={"PYTHONPATH": str(REPO / "trl_ext"), "PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    info, warned, net_error, write_error = __import__("json").loads(done.stdout.splitlines()[-1])
+    assert net_error and write_error and not (REPO / "pwned").exists()
+    if "user" in info["namespaces"]:
+        assert {"network", "mount", "pid"} <= set(info["namespaces"]) and warned == []
+    else:
+        assert info["missing"] and warned and "not fully isolated" in warned[0]
+
+
+@pytest.mark.parametrize("kwargs, field", [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),
+                                           ({"max_output_bytes": 0}, "max_output_bytes")])
+def test_bad_limits(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        execute("x = 1", **kwargs)
+
+
+def test_bad_max_workers():
+    with pytest.raises(ValueError, match="max_workers"):
+        execute_many(["x = 1", "x = 2"], max_workers=0)

@@ -1,0 +1,355 @@
+"""Hostile snippets against `trl_ext.sandbox`: each one must fail with a reason and leave no trace outside.
+
+Containment is checked from the outside: sentinel files (a root-owned 0600 secret, a file in a world-writable
+directory, the project's own files) are byte-identical afterwards, listeners on 127.0.0.1, on a Unix socket and in
+the abstract namespace are never contacted, a process of the sandbox's own uid running on the host survives every
+kill attempt, no process is left running as that uid, and the caller (this test process) is alive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trl_ext.sandbox import execute, isolation
+
+
+ROOT = os.getuid() == 0
+NOBODY = 65534
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux namespaces and rlimits")
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def sentinels():
+    """Files the snippets attack. They live inside the project (visible to the sandbox, unlike /tmp): a root-owned
+    0600 secret, a world-readable file, and a world-writable directory with a world-writable file in it."""
+    base = REPO / f".sandbox-sentinels-{uuid.uuid4().hex[:8]}"
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    (base / "secret.txt").write_text("TOP SECRET")
+    os.chmod(base / "secret.txt", 0o600)
+    (base / "public.txt").write_text("public")
+    os.chmod(base / "public.txt", 0o644)
+    (base / "open").mkdir()
+    os.chmod(base / "open", 0o777)
+    (base / "open" / "victim.txt").write_text("victim")
+    os.chmod(base / "open" / "victim.txt", 0o666)
+    watched = [base / "secret.txt", base / "public.txt", base / "open" / "victim.txt", REPO / "README.md",
+               REPO / "setup.cfg", Path(__file__)]
+    before = {path: digest(path) for path in watched}
+    yield base
+    after = {path: digest(path) for path in watched if path.exists()}
+    shutil.rmtree(base)
+    assert after == before, "a sentinel file changed or disappeared"
+
+
+@pytest.fixture(scope="module")
+def listeners():
+    """A TCP and a UDP listener on 127.0.0.1, a Unix socket in /tmp and one in the abstract namespace."""
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    unix_path = f"/tmp/trl-ext-sandbox-test-{uuid.uuid4().hex[:8]}.sock"
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(unix_path)
+    os.chmod(unix_path, 0o777)
+    unix.listen(8)
+    abstract_name = f"\0trl-ext-sandbox-test-{uuid.uuid4().hex[:8]}"
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(abstract_name)
+    abstract.listen(8)
+    socks = {"tcp": tcp, "udp": udp, "unix": unix, "abstract": abstract}
+    for sock in socks.values():
+        sock.setblocking(False)
+    yield {"tcp": tcp.getsockname()[1], "udp": udp.getsockname()[1], "unix": unix_path,
+           "abstract": abstract_name}
+    for name in ("tcp", "unix", "abstract"):
+        with pytest.raises(BlockingIOError):
+            socks[name].accept()
+    with pytest.raises(BlockingIOError):
+        udp.recv(100)
+    for sock in socks.values():
+        sock.close()
+    os.unlink(unix_path)
+
+
+@pytest.fixture(scope="module")
+def bystander():
+    """A host process running as the sandbox's uid: a snippet must not be able to signal it."""
+    if not ROOT:
+        pytest.skip("needs root to start a process as uid 65534")
+    proc = subprocess.Popen(["sleep", "300"], user=NOBODY, group=NOBODY, extra_groups=[])
+    yield proc
+    assert proc.poll() is None, "the bystander process was killed from inside the sandbox"
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def contained():
+    """After every case: the caller is alive (trivially, we run) and nothing is left running as the sandbox's uid
+    except the bystander."""
+    yield
+    if ROOT:
+        left = [p.info for p in psutil.process_iter(["pid", "uids", "cmdline"])
+                if p.info["uids"] and p.info["uids"].real == NOBODY and p.info["cmdline"] != ["sleep", "300"]]
+        assert left == []
+
+
+def fails(code: str, *reasons: str, timeout_s: float = 2.0, memory_mb: int = 256, **kwargs):
+    result = execute(code, timeout_s=timeout_s, memory_mb=memory_mb, **kwargs)
+    assert not result.ok, result
+    assert result.error, result
+    assert any(reason in result.error for reason in reasons), result
+    return result
+
+
+# -- processes ----------------------------------------------------------------------------------------------------
+def test_fork_bomb():
+    fails("import os\nwhile True:\n    os.fork()", "BlockingIOError", "Resource temporarily unavailable")
+
+
+def test_fork_then_spin():
+    fails("import os\nif os.fork() == 0:\n    while True: pass", "BlockingIOError")
+
+
+def test_os_system():
+    fails("import os\nassert os.system('touch /tmp/pwned; id') == 0, 'os.system failed'", "os.system failed")
+
+
+def test_subprocess_run():
+    fails("import subprocess\nsubprocess.run(['id'])", "BlockingIOError", "OSError")
+
+
+def test_subprocess_shell_pipeline():
+    fails("import subprocess\nsubprocess.Popen('yes | head', shell=True).wait()", "BlockingIOError", "OSError")
+
+
+def test_posix_spawn():
+    fails("import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'id'], {})", "BlockingIOError", "OSError")
+
+
+def test_thread_bomb():
+    fails("import threading\nfor _ in range(100):\n    threading.Thread(target=lambda: None).start()",
+          "can't start new thread")
+
+
+def test_exec_replaces_the_interpreter_without_forging_a_result(sentinels):
+    # exec() is not a new process: the shell runs (as nobody, in the namespaces) but the result pipe is closed on
+    # exec, so no value can come back, and its write lands on the private tmpfs or fails.
+    fails(f"import os\nos.execv('/bin/sh', ['sh', '-c', 'echo pwned > {sentinels}/open/victim.txt; echo x > /tmp/x'])",
+          "before the end")
+
+
+def test_setuid_binary_gains_nothing():
+    # no_new_privs and nosuid mounts: a set-user-ID program does not run as root.
+    fails("import os\nos.execv('/bin/su', ['su', '-c', 'id'])", "before the end")
+
+
+def test_daemon_double_fork():
+    fails("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        import time\n"
+          "        time.sleep(300)", "BlockingIOError")
+
+
+def test_kill_every_process_it_can(bystander):
+    # kill(-1) and a sweep over PIDs reach only the snippet's own PID namespace: the bystander (same uid) survives.
+    fails(f"import os, signal\nos.kill(-1, signal.SIGKILL)\nfor pid in range(2, 4096):\n    try:\n"
+          f"        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nos.kill({bystander.pid}, 9)",
+          "ProcessLookupError")
+    assert bystander.poll() is None
+
+
+def test_kill_the_parent():
+    # The parent is outside the PID namespace (getppid() is 0): kill(0) signals the snippet's own group only, where
+    # it is PID 1 and immune to its own signals.
+    fails("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nraise RuntimeError('still here')", "still here")
+    fails(f"import os\nos.kill({os.getpid()}, 9)", "ProcessLookupError")
+    assert execute("x = 1").ok  # the fork server is still serving
+
+
+# -- network ------------------------------------------------------------------------------------------------------
+def test_tcp_to_local_listener(listeners):
+    fails(f"import socket\nsocket.create_connection(('127.0.0.1', {listeners['tcp']}), timeout=1)", "OSError")
+
+
+def test_udp_to_local_listener(listeners):
+    fails(f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+          f"s.sendto(b'hello', ('127.0.0.1', {listeners['udp']}))", "OSError")
+
+
+def test_unix_socket_in_tmp(listeners):
+    fails(f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({listeners['unix']!r})", "FileNotFoundError")
+
+
+def test_abstract_unix_socket(listeners):
+    fails(f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({listeners['abstract']!r})",
+          "ConnectionRefusedError")
+
+
+def test_internet_and_dns():
+    fails("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)", "OSError")
+    fails("import socket\nsocket.getaddrinfo('pypi.org', 443)", "gaierror", "OSError")
+
+
+def test_ipv6_loopback():
+    fails("import socket\ns = socket.socket(socket.AF_INET6)\ns.settimeout(1)\ns.connect(('::1', 22))", "OSError")
+
+
+# -- files ------------------------------------------------------------------------------------------------------
+def test_read_private_file(sentinels):
+    fails(f"print(open('{sentinels}/secret.txt').read())", "PermissionError")
+    assert execute(f"print(open('{sentinels}/public.txt').read())").stdout == "public\n"  # it is visible
+
+
+def test_read_shadow_and_root_home():
+    fails("print(open('/etc/shadow').read())", "PermissionError")
+    fails("import os\nprint(os.listdir('/root'))", "PermissionError")
+
+
+def test_host_processes_invisible():
+    fails(f"print(open('/proc/{os.getpid()}/cmdline').read())", "FileNotFoundError")
+
+
+def test_environment_not_inherited(monkeypatch):
+    monkeypatch.setenv("TRL_EXT_TEST_SECRET", "hunter2")
+    fails("import os\nassert 'TRL_EXT_TEST_SECRET' not in os.environ\nraise SystemExit(os.environ.get('HOME'))",
+          "exit")
+
+
+def test_write_into_world_writable_directory(sentinels):
+    fails(f"open('{sentinels}/open/victim.txt', 'w').write('pwned')", "Read-only file system")
+    fails(f"open('{sentinels}/open/new.txt', 'w').write('pwned')", "Read-only file system")
+    assert not (sentinels / "open" / "new.txt").exists()
+
+
+def test_write_into_project():
+    fails(f"open('{REPO}/README.md', 'a').write('pwned')", "Read-only file system", "PermissionError")
+    fails(f"open('{REPO}/trl_ext/pwned.py', 'w').write('import os')", "Read-only file system", "PermissionError")
+    assert not (REPO / "trl_ext" / "pwned.py").exists()
+
+
+def test_write_to_shared_memory_and_var_tmp():
+    name = f"trl-ext-pwned-{uuid.uuid4().hex[:8]}"
+    fails(f"open('/dev/shm/{name}', 'w').write('x')", "Read-only file system", "PermissionError")
+    fails(f"open('/var/tmp/{name}', 'w').write('x')", "Read-only file system", "PermissionError")
+    assert not Path(f"/dev/shm/{name}").exists() and not Path(f"/var/tmp/{name}").exists()
+
+
+def test_tmp_is_private():
+    # Writing to /tmp works, on the snippet's own tmpfs: the host's /tmp never sees it, nor does the next snippet.
+    name = f"trl-ext-pwned-{uuid.uuid4().hex[:8]}"
+    fails(f"open('/tmp/{name}', 'w').write('x')\nraise RuntimeError('written')", "written")
+    assert not Path(f"/tmp/{name}").exists()
+    fails(f"open('/tmp/{name}').read()", "FileNotFoundError")
+
+
+def test_delete_files(sentinels):
+    fails(f"import os\nos.remove('{sentinels}/open/victim.txt')", "Read-only file system")
+    fails(f"import shutil\nshutil.rmtree('{sentinels}')", "Read-only file system", "PermissionError")
+    fails(f"import os\nos.chmod('{REPO}/README.md', 0o777)", "Read-only file system", "PermissionError")
+    assert (sentinels / "open" / "victim.txt").read_text() == "victim"
+
+
+def test_file_size_and_descriptor_limits():
+    fails("open('/tmp/big', 'wb').write(b'x' * (64 << 20))", "OSError", "memory")
+    fails("fs = [open('/dev/null') for _ in range(10000)]", "Too many open files")
+
+
+# -- resources ----------------------------------------------------------------------------------------------------
+def test_memory_bomb():
+    fails("x = bytearray(8 << 30)", "memory")
+
+
+def test_memory_creep():
+    fails("x = []\nwhile True:\n    x.append(' ' * 4096)", "memory", timeout_s=5.0)
+
+
+def test_cpu_bomb():
+    fails("while True:\n    pass", "timeout", timeout_s=1.0)
+
+
+def test_sleep_forever():
+    result = fails("import time\ntime.sleep(300)", "timeout", timeout_s=1.0)
+    assert result.duration_s < 3.0
+
+
+def test_signal_tampering():
+    fails("import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU, signal.SIGALRM, signal.SIGHUP):\n"
+          "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass", "timeout", timeout_s=1.0)
+
+
+def test_rlimit_tampering():
+    fails("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "ValueError", "PermissionError")
+    fails("import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (100, 100))", "ValueError", "PermissionError")
+    fails("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (-1, -1))", "ValueError", "PermissionError")
+
+
+def test_endless_output():
+    result = fails("while True:\n    print('spam' * 100)", "output too large", max_output_bytes=4096)
+    assert len(result.stdout) <= 4096
+
+
+def test_endless_non_utf8_output():
+    result = fails("import sys\nwhile True:\n    sys.stdout.buffer.write(b'\\xff\\xfe\\x80 ')", "output too large",
+                   max_output_bytes=4096)
+    assert "\ufffd" in result.stdout
+
+
+def test_deep_recursion():
+    fails("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError")
+    fails("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)",
+          "killed by signal", "memory", "RecursionError", "timeout")
+
+
+def test_stdin_is_empty():
+    fails("input()", "EOFError")
+
+
+# -- privileges -----------------------------------------------------------------------------------------------------
+def test_setuid_root():
+    fails("import os\nos.setuid(0)", "PermissionError")
+    fails("import os\nos.setgroups([0])", "PermissionError")
+
+
+def test_ctypes_syscalls():
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\nassert libc.setuid(0) == 0, 'setuid'",
+          "setuid")
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+          "assert libc.unshare(0x40000000 | 0x00020000) == 0, 'unshare'", "unshare")
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+          "assert libc.mount(b'none', b'/', None, 32, None) == 0, 'remount'", "remount")
+
+
+def test_ctypes_crash():
+    fails("import ctypes\nctypes.string_at(0)", "killed by signal 11")
+
+
+def test_exits():
+    fails("import sys\nsys.exit(0)", "exit")
+    fails("import os\nos._exit(0)", "before the end")
+    # PID 1 of a namespace ignores its own SIGABRT; abort() then ends it with a fault.
+    fails("import os\nos.abort()", "killed by signal")
+
+
+def test_isolation_in_effect_for_this_suite():
+    info = isolation()
+    assert info["missing"] == []
+    if ROOT:
+        assert info["uid"] == NOBODY
+        assert {"network", "mount", "pid", "ipc"} <= set(info["namespaces"])

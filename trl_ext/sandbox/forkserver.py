@@ -1,0 +1,442 @@
+"""The sandbox's fork server: a standalone program (standard library only) that the host starts as a separate
+interpreter and drives over its stdin/stdout, one JSON request and one JSON reply per line.
+
+This file is never imported by the host: `trl_ext.sandbox.pool` reads its text and runs it with `python -c`, so it
+must not import anything from `trl_ext` and must run on whichever interpreter executes the snippets.
+
+At start the server isolates itself once: a private mount namespace in which every mount is read-only (nosuid,
+nodev), and a new network namespace with no usable interface; as a non-root user it first enters a new user
+namespace to be allowed to do so. It never runs snippet code itself. For each request it forks a fresh child
+(a copy of the pristine server, so nothing leaks between snippets), which enters new mount, PID and IPC namespaces,
+gets a private tmpfs on /tmp as its empty working directory and a fresh /proc, sets its rlimits, drops to an
+unprivileged uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only then
+executes the snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap) kills
+anything it started; with the process limit at 0 it cannot start anything anyway.
+
+The snippet's value travels back as `repr()` text on a separate pipe, framed with a per-execution random nonce, so
+printing cannot forge it; the host reads it with `ast.literal_eval`, never with pickle.
+"""
+
+import ctypes
+import errno
+import gc
+import json
+import math
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+NOBODY = 65534
+# Shared, world-writable places (where Unix sockets and shared memory of other programs live): covered by an empty
+# read-only tmpfs. A read-only mount does not stop connect() to a Unix socket; not seeing it does.
+HIDDEN = ("/run", "/var/run", "/var/tmp", "/dev/shm", "/dev/mqueue", "/var/lock")
+RESULT_FD = 3
+# Modules imported once here so that children start with them loaded (the common ones of AZR programs). `random`
+# is deliberately absent: a child imports it fresh and seeds it from the OS, as a fresh interpreter would.
+PRELOAD = ("collections", "itertools", "functools", "heapq", "bisect", "string", "re", "operator", "typing", "copy")
+
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+
+
+def _check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+
+def unshare(flags):
+    _check(libc.unshare(flags), "unshare")
+
+
+def mount(source, target, fstype, flags, data=None):
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), "mount %s" % target)
+
+
+def prctl(option, arg):
+    _check(libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), "prctl %d" % option)
+
+
+def drop_capabilities():
+    """capset(2) with empty sets: what a user-namespace root keeps after its setup."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capset(header, data), "capset")
+
+
+def mount_points():
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            points.append((fields[4].encode().decode("unicode_escape"), fields[5].split(",")))
+    return points
+
+
+def isolate_server(config):
+    """Once, in the server: user namespace when not root, then a read-only private view of the file systems and an
+    empty network namespace. Returns (namespaces entered, what could not be isolated)."""
+    namespaces, missing = [], []
+    uid, gid = os.getuid(), os.getgid()
+    if config["root"] is False:
+        try:
+            unshare(CLONE_NEWUSER)
+            with open("/proc/self/setgroups", "w") as f:
+                f.write("deny")
+            with open("/proc/self/uid_map", "w") as f:
+                f.write("0 %d 1" % uid)
+            with open("/proc/self/gid_map", "w") as f:
+                f.write("0 %d 1" % gid)
+            namespaces.append("user")
+        except OSError as exc:
+            missing.append("user namespace (%s): no mount/network/PID isolation possible" % exc.strerror)
+            return namespaces, missing
+    try:
+        unshare(CLONE_NEWNET)
+        namespaces.append("network")
+    except OSError as exc:
+        missing.append("network namespace (%s): sockets can reach the network" % exc.strerror)
+    # The server continues as PID 1 of new PID and IPC namespaces: it returns to them after each fork (setns, which
+    # a user-namespace root may only do for namespaces its user namespace owns), and when the process the host
+    # started is killed, this one is too (parent-death signal), taking every snippet process with it.
+    try:
+        unshare(CLONE_NEWPID | CLONE_NEWIPC)
+    except OSError as exc:
+        missing.append("PID namespace (%s): no mount/PID isolation, snippets run in a host directory" % exc.strerror)
+        return namespaces, missing
+    child = os.fork()
+    if child:
+        os.close(0), os.close(1)
+        status = os.waitpid(child, 0)[1]
+        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    namespaces.append("pid")
+    try:
+        unshare(CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        namespaces.append("mount")
+    except OSError as exc:
+        missing.append("mount namespace (%s): the file system is writable where the uid may write" % exc.strerror)
+        return namespaces, missing
+    failed = []
+    for point, options in mount_points():
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
+        flags |= sum(MOUNT_FLAGS[o] for o in options if o in MOUNT_FLAGS and o != "ro")
+        try:
+            mount(None, point, None, flags)
+        except OSError:
+            failed.append(point)
+    for point in HIDDEN:
+        if os.path.isdir(point) and not os.path.islink(point):
+            try:
+                mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
+            except OSError:
+                failed.append(point)
+    if failed:
+        missing.append("read-only remount or hiding failed for: %s" % ", ".join(failed))
+    return namespaces, missing
+
+
+class Server:
+    def __init__(self, config):
+        self.config = config
+        self.root = os.getuid() == 0
+        config["root"], config["uid"] = self.root, os.getuid()
+        self.namespaces, self.missing = isolate_server(config)
+        self.per_child_ns = 0
+        if "mount" in self.namespaces:
+            self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
+            self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
+                                   for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
+        try:
+            prctl(PR_SET_CHILD_SUBREAPER, 1)
+        except OSError:
+            pass
+        if not self.root and "user" not in self.namespaces:
+            self.missing.append("privilege drop: snippets run as uid %d, with rlimits only" % os.getuid())
+        for name in PRELOAD:
+            __import__(name)
+        # Everything allocated so far is never freed: keep it out of the children's garbage collections, which would
+        # otherwise walk (and copy, page by page) the whole inherited heap.
+        gc.collect()
+        gc.freeze()
+
+    def describe(self):
+        rlimits = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"]
+        namespaces = list(self.namespaces) + ["ipc"] * bool(self.per_child_ns)
+        if self.root:
+            uid, privileges = NOBODY, "setuid/setgid to %d, no supplementary groups, no_new_privs" % NOBODY
+        elif "user" in self.namespaces:
+            uid, privileges = self.config["uid"], "all capabilities dropped, no_new_privs"
+        else:
+            uid, privileges = self.config["uid"], "unchanged (the caller's uid), no_new_privs"
+        return {"namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
+                "missing": self.missing,
+                "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
+
+    # -- one execution -------------------------------------------------------------------------------------------
+    def run(self, req):
+        nonce = os.urandom(16).hex()
+        if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
+            req["workdir"] = "/tmp/trl-ext-sandbox-%s" % nonce
+            os.mkdir(req["workdir"], 0o700)
+            if self.root:
+                os.chown(req["workdir"], NOBODY, NOBODY)
+        try:
+            return self.launch(req, nonce)
+        finally:
+            if not self.per_child_ns:
+                remove_tree(req["workdir"])
+
+    def launch(self, req, nonce):
+        out_r, out_w = os.pipe()
+        res_r, res_w = os.pipe()
+        start = time.monotonic()
+        try:
+            pid = self.fork_isolated(req)
+        except OSError as exc:
+            for fd in (out_r, out_w, res_r, res_w):
+                os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+                raise
+            return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
+                    "duration_s": time.monotonic() - start}
+        if pid == 0:
+            os.close(out_r), os.close(res_r)
+            self.child(req, nonce, out_w, res_w)  # never returns
+        os.close(out_w), os.close(res_w)
+        return self.collect(pid, out_r, res_r, nonce, req, start)
+
+    def fork_isolated(self, req):
+        """Fork the child into fresh mount, PID and IPC namespaces with a private tmpfs on /tmp. The server enters
+        the new mount and IPC namespaces only for the fork and then returns to its own (setns), so one fork per
+        execution suffices and the child is PID 1 of its new PID namespace."""
+        if not self.per_child_ns:
+            return os.fork()
+        unshare(self.per_child_ns)
+        try:
+            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
+                req["tmp_kb"], ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
+            pid = os.fork()
+        except BaseException:
+            self.restore_namespaces()
+            raise
+        if pid:
+            self.restore_namespaces()
+        return pid
+
+    def restore_namespaces(self):
+        """Back to the server's own namespaces; a server that cannot return must not serve again (the host replaces
+        it when it exits)."""
+        for kind, fd in self.own_namespaces:
+            if libc.setns(fd, kind) != 0:
+                raise SystemExit("setns: %s" % os.strerror(ctypes.get_errno()))
+
+    def child(self, req, nonce, out_w, res_w):
+        """In the new namespaces, still privileged: finish the setup, drop privileges, run the snippet."""
+        try:
+            os.setsid()
+            if self.per_child_ns:
+                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                os.chdir("/tmp")
+            else:
+                os.chdir(req["workdir"])
+            limit = lambda r, soft, hard=None: resource.setrlimit(r, (soft, soft if hard is None else hard))  # noqa
+            cpu = max(1, math.ceil(req["timeout_s"]))
+            limit(resource.RLIMIT_CPU, cpu, cpu + 1)
+            limit(resource.RLIMIT_AS, req["memory_mb"] << 20)
+            limit(resource.RLIMIT_FSIZE, req["file_kb"] << 10)
+            limit(resource.RLIMIT_NOFILE, 64)
+            limit(resource.RLIMIT_CORE, 0)
+            limit(resource.RLIMIT_NPROC, 0)
+            limit(resource.RLIMIT_MEMLOCK, 0)
+            if self.root:
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+            elif "user" in self.namespaces:
+                drop_capabilities()
+            prctl(PR_SET_NO_NEW_PRIVS, 1)
+            devnull = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out_w, 1)
+            os.dup2(out_w, 2)
+            os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
+            os.closerange(RESULT_FD + 1, 1 << 16)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
+            os.environ.clear()
+            os.environ.update({"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        except BaseException as exc:
+            os.write(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
+            os._exit(0)
+        run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
+
+    def collect(self, pid, out_r, res_r, nonce, req, start):
+        """Read the child's output (capped) and its result until it exits; kill it on the wall-clock timeout."""
+        deadline = start + req["timeout_s"]
+        out, res, error = bytearray(), bytearray(), None
+        cap = req["max_output_bytes"]
+        open_fds = [out_r, res_r]
+        status = None
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                error = "timeout"
+                break
+            ready, _, _ = select.select(open_fds, [], [], left)
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    open_fds.remove(fd)
+                    os.close(fd)
+                elif fd == out_r:
+                    out += chunk
+                    if len(out) > cap:
+                        error = "output too large (over %d bytes)" % cap
+                else:
+                    res += chunk
+                    if len(res) > req["max_value_bytes"] + 4096:
+                        error = "result too large"
+            if error:
+                break
+        if error:
+            self.kill(pid)
+        for fd in open_fds:
+            os.close(fd)
+        status = os.waitpid(pid, 0)[1]
+        self.reap()
+        reply = {"ok": False, "stdout": bytes(out[:cap]).decode("utf-8", "replace"), "error": error,
+                 "value_repr": None}
+        if error is None:
+            reply.update(self.verdict(status, bytes(res), nonce, req))
+        reply["duration_s"] = time.monotonic() - start
+        return reply
+
+    @staticmethod
+    def verdict(status, res, nonce, req):
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if sig == signal.SIGXCPU:
+                return {"error": "timeout (CPU time limit)"}
+            return {"error": "killed by signal %d" % sig}
+        code = os.WEXITSTATUS(status)
+        if not res.startswith(nonce.encode()) or code != 0:
+            return {"error": "exited with code %d before the end of the snippet" % code}
+        try:
+            message = json.loads(res[len(nonce):].decode())
+        except ValueError:
+            return {"error": "unreadable result"}
+        if message.get("error"):
+            return {"error": message["error"]}
+        return {"ok": True, "error": None, "value_repr": message.get("value_repr")}
+
+    def kill(self, pid):
+        """SIGKILL the child: as PID 1 of its namespace its death takes everything it started with it; without a
+        PID namespace, its process group."""
+        for target in ((pid,) if self.per_child_ns else (-pid, pid)):
+            try:
+                os.kill(target, signal.SIGKILL)
+            except OSError:
+                pass
+
+    @staticmethod
+    def reap():
+        """Collect orphans re-parented to this subreaper (none are expected: the process limit is 0)."""
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return
+            except ChildProcessError:
+                return
+
+
+def remove_tree(path):
+    for parent, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            os.unlink(os.path.join(parent, name))
+        for name in dirs:
+            target = os.path.join(parent, name)
+            os.unlink(target) if os.path.islink(target) else os.rmdir(target)
+    os.rmdir(path)
+
+
+def run_snippet(code, result_var, nonce, max_value_bytes):
+    """Runs in the unprivileged child: execute, then report the error or the value's repr on the result pipe."""
+    message = {}
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(compile(code, "<snippet>", "exec"), scope)
+        if result_var is not None:
+            if result_var not in scope:
+                raise NameError("the snippet did not define %r" % result_var)
+            try:
+                text = repr(scope[result_var])
+                if not isinstance(text, str):
+                    raise TypeError("__repr__ returned %s" % type(text).__name__)
+            except Exception as exc:
+                message["error"] = "unreadable result: repr raised %s: %s" % (type(exc).__name__, exc)
+            else:
+                if len(text) > max_value_bytes:
+                    message["error"] = "unreadable result: repr longer than %d characters" % max_value_bytes
+                else:
+                    message["value_repr"] = text
+    except MemoryError:
+        message["error"] = "memory"
+    except SystemExit as exc:
+        message["error"] = "exit: the snippet called exit(%r)" % (exc.code,)
+    except BaseException as exc:
+        message["error"] = ("exception: %s: %s" % (type(exc).__name__, exc))[:1000]
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        pass
+    try:
+        payload = (nonce + json.dumps(message)).encode("utf-8", "backslashreplace")
+    except BaseException as exc:
+        payload = (nonce + json.dumps({"error": "unreadable result: %s" % type(exc).__name__})).encode()
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(RESULT_FD, view):]
+    os._exit(0)
+
+
+def main():
+    # Started with `-c`: drop the working directory from the import path, as `-I` would.
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+    config = json.loads(sys.argv[1])
+    server = Server(config)
+    requests, replies = sys.stdin.buffer, sys.stdout
+    replies.write(json.dumps(server.describe()) + "\n")
+    replies.flush()
+    for line in requests:
+        req = json.loads(line)
+        try:
+            reply = server.run(req)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.ENOMEM):
+                raise
+            reply = {"ok": False, "stdout": "", "error": "sandbox could not fork: %s" % exc.strerror,
+                     "value_repr": None, "duration_s": 0.0}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Host side of the sandbox: fork-server processes, a pool of them for batched calls, and the reply -> result step.
+
+Each `ForkServer` is one long-lived interpreter running `forkserver.py`; it executes one snippet at a time, each in
+a freshly forked, isolated child. A pool keeps idle servers and starts more on demand, so a batch of `n` snippets
+with `max_workers=w` runs on `w` servers at once (results in input order).
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import json
+import os
+import queue
+import select
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .interpreter import sandbox_interpreter
+from .result import ExecutionResult
+
+
+SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
+# The server's whole environment. It is started with `-s -S -B` and this explicit environment instead of `-I`
+# because `-I` ignores PYTHONHASHSEED: a fixed hash seed makes the iteration order of sets of strings the same in
+# every worker, on every rank and across restarts, so an execution's value does not depend on where it ran.
+SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+# Seconds the host waits beyond a snippet's own timeout before it declares its server hung and replaces it.
+SERVER_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-execution limits (see `execute` for their meaning); validated once per call."""
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_output_bytes: int = 1 << 16
+    max_value_bytes: int = 1 << 20
+    tmp_kb: int = 16 << 10
+    file_kb: int = 8 << 10
+
+    def __post_init__(self):
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}.")
+        if self.memory_mb < 64:
+            raise ValueError(f"memory_mb must be >= 64 (the interpreter itself needs ~30 MB of address space), "
+                             f"got {self.memory_mb!r}.")
+        for name in ("max_output_bytes", "max_value_bytes", "tmp_kb", "file_kb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
+
+
+class ForkServer:
+    """One fork-server process and its line protocol (a JSON request per line in, a JSON reply per line out)."""
+
+    def __init__(self, interpreter: str):
+        self.proc = subprocess.Popen(
+            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps({})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SERVER_ENV,
+        )
+        self._pending = b""
+        hello = self._read_line(time.monotonic() + 60)
+        if hello is None:
+            self.proc.kill()
+            message = self.proc.stderr.read().decode(errors="replace")[-2000:] or f"exit code {self.proc.wait()}"
+            self.close()
+            raise RuntimeError(f"The sandbox fork server ({interpreter}) did not start: {message}")
+        self.info = json.loads(hello)
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line
+
+    def request(self, code: str, result_var: str | None, limits: Limits) -> dict | None:
+        """The server's reply, or None when it died or hung (the caller then discards it)."""
+        req = {"code": code, "result_var": result_var, "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb,
+               "max_output_bytes": limits.max_output_bytes, "max_value_bytes": limits.max_value_bytes,
+               "tmp_kb": limits.tmp_kb, "file_kb": limits.file_kb}
+        try:
+            self.proc.stdin.write(json.dumps(req).encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:
+            return None
+        line = self._read_line(time.monotonic() + limits.timeout_s + SERVER_GRACE_S)
+        return None if line is None else json.loads(line)
+
+    def close(self):
+        """End of input stops an idle server; a busy or hung one is killed (its snippet child with it)."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=1.0)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def to_result(reply: dict, result_var: str | None) -> ExecutionResult:
+    """The server's reply as an `ExecutionResult`; the value is read with `ast.literal_eval`, nothing else."""
+    ok, error, value = reply["ok"], reply["error"], None
+    if ok and result_var is not None:
+        try:
+            value = ast.literal_eval(reply["value_repr"])
+        except Exception as exc:  # SyntaxError, ValueError, RecursionError, MemoryError ...: a hostile repr
+            ok, error = False, f"unreadable result: not a Python literal ({type(exc).__name__})"
+    return ExecutionResult(ok=ok, stdout=reply["stdout"], error=error, value=value,
+                           value_repr=reply["value_repr"], duration_s=reply["duration_s"])
+
+
+class SandboxPool:
+    """Idle fork servers, started on demand and reused; thread-safe."""
+
+    def __init__(self, interpreter: str | None = None):
+        self.interpreter = interpreter
+        self.pid = os.getpid()
+        self._idle: queue.LifoQueue[ForkServer] = queue.LifoQueue()
+        self._servers: list[ForkServer] = []
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def _acquire(self) -> ForkServer:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        server = ForkServer(self.interpreter or sandbox_interpreter())
+        with self._lock:
+            self._servers.append(server)
+            if server.info["missing"] and not self._warned:
+                self._warned = True
+                warnings.warn("The sandbox is not fully isolated here: " + "; ".join(server.info["missing"]),
+                              RuntimeWarning, stacklevel=4)
+        return server
+
+    def _discard(self, server: ForkServer):
+        server.close()
+        with self._lock:
+            self._servers.remove(server)
+
+    def run(self, code: str, result_var: str | None, limits: Limits) -> ExecutionResult:
+        server = self._acquire()
+        reply = server.request(code, result_var, limits)
+        if reply is None:
+            self._discard(server)
+            return ExecutionResult(ok=False, stdout="", error="sandbox server failed (replaced)")
+        self._idle.put(server)
+        return to_result(reply, result_var)
+
+    def run_many(self, codes: Sequence[str], result_var: str | None, limits: Limits,
+                 max_workers: int | None) -> list[ExecutionResult]:
+        workers = max_workers if max_workers is not None else len(os.sched_getaffinity(0))
+        if workers < 1:
+            raise ValueError(f"max_workers must be >= 1 (or None for one per CPU core), got {max_workers!r}.")
+        workers = min(workers, len(codes))
+        if workers <= 1:
+            return [self.run(code, result_var, limits) for code in codes]
+        with ThreadPoolExecutor(workers, thread_name_prefix="sandbox") as threads:
+            return list(threads.map(lambda code: self.run(code, result_var, limits), codes))
+
+    def info(self) -> dict:
+        server = self._acquire()
+        self._idle.put(server)
+        return dict(server.info)
+
+    def close(self):
+        with self._lock:
+            servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+
+
+_default: SandboxPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> SandboxPool:
+    """The process-wide pool (a new one after a fork of the host: pipes to servers are not shared)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.pid != os.getpid():
+            _default = SandboxPool()
+        return _default
+
+
+@atexit.register
+def _close_default():
+    if _default is not None and _default.pid == os.getpid():
+        _default.close()
