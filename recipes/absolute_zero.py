@@ -5,10 +5,15 @@ ones, proposer and solver rows in one update.
     accelerate launch recipes/absolute_zero.py --model_name_or_path Qwen/Qwen2.5-1.5B-Instruct --use_vllm \\
         --dataset_path seeds.jsonl --question_column seed --use_peft --push_to_hub --hub_model_id me/az-arithmetic
 
-Seed prompts: the built-in arithmetic seeds, or `--dataset_name` / `--dataset_path` with the seed text in
+    accelerate launch recipes/absolute_zero.py --config recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml
+
+Seed prompts: the task family's built-in seeds, or `--dataset_name` / `--dataset_path` with the seed text in
 `--question_column` (or a conversational `prompt` column). The task family (`--task`) provides the question parser,
-solver prompt and solver rewards. Writes to `output_dir`: `metrics.json` (summary and training log),
-`learning_curves.png` (learnable ratio, repropose attempts, proposer reward, solver accuracy per step), and the model.
+solver prompt, solver rewards, default reward weights and learnability criteria, and, for `workspace`, the solver's
+environment (`WorkspaceEnvironment`: the solver acts through tools, in TRL's tool loop). Writes to `output_dir`:
+`metrics.json` (summary and training log), `learning_curves.png` (arithmetic: learnable ratio, repropose attempts,
+proposer reward, solver accuracy; workspace: learnable ratio, safety and completion means, tool calls per episode;
+per step), and the model.
 """
 
 from __future__ import annotations
@@ -28,12 +33,22 @@ from trl_ext.recipe import (
     write_json,
     write_model_card,
 )
-from trl_ext.tasks import arithmetic_task
+from trl_ext.rewards import LLMJudge
+from trl_ext.tasks import arithmetic_task, workspace_task
+from trl_ext.tasks.workspace import render_judge_request
+from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "absolute_zero_smollm2_cpu.yaml"
-TASKS = {"arithmetic": arithmetic_task}
+TASKS = ("arithmetic", "workspace")
+# What learning_curves.png shows per family (solver/<reward>_mean are the solver reward means of each step).
+CURVES = {
+    "arithmetic": ["unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean",
+                   "solver/numeric_match_mean"],
+    "workspace": ["unified_filter/learnable_ratio", "solver/safety_score_mean", "solver/completion_score_mean",
+                  "workspace/tool_calls_per_episode"],
+}
 
 
 @dataclass
@@ -45,12 +60,63 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
         task (`str`, *optional*, defaults to `"arithmetic"`):
             Task family: question parser, solver prompt and solver rewards.
         lenient_parsing (`bool`, *optional*, defaults to `False`):
-            Read untagged proposals (first arithmetic expression) and answers (last number), for models too small
-            to follow the tag format.
+            Read untagged proposals (arithmetic: the first expression, workspace: the outermost JSON object) and
+            answers (last number), for models too small to follow the tag format.
+        tool_chat_template (`bool`, *optional*):
+            Give the tokenizer TRL's Qwen2.5 tool-calling chat template (`trl_ext.use_tool_chat_template`), for
+            ChatML models whose own template renders no tools (SmolLM2). Unset: on for the embedded default when the
+            family has an environment, off otherwise (a tool-capable model keeps its own template).
+        completion_evaluator (`str`, *optional*, defaults to `"rule"`):
+            Workspace family: `"rule"` scores completion with the task's goal predicate, `"llm"` with an LLM judge
+            at `judge_base_url` (an OpenAI-compatible chat endpoint; `pip install "trl-ext[judge]"`).
+        judge_base_url (`str`, *optional*):
+            The judge's endpoint, e.g. `http://judge-host:8000/v1`.
+        judge_model (`str`, *optional*):
+            The judge model's name at that endpoint.
+        judge_api_key_env (`str`, *optional*, defaults to `"JUDGE_API_KEY"`):
+            Environment variable holding the judge's API key (never logged).
+        judge_max_concurrency (`int`, *optional*, defaults to `16`):
+            Judge requests in flight at most.
+        judge_timeout (`float`, *optional*, defaults to `30.0`):
+            Seconds per judge request attempt.
+        judge_max_retries (`int`, *optional*, defaults to `2`):
+            Retries of a failed judge request (exponential backoff).
     """
 
-    task: str = field(default="arithmetic", metadata={"help": "Task family.", "choices": sorted(TASKS)})
+    task: str = field(default="arithmetic", metadata={"help": "Task family.", "choices": list(TASKS)})
     lenient_parsing: bool = field(default=False, metadata={"help": "Read untagged proposals and answers."})
+    tool_chat_template: bool | None = field(
+        default=None, metadata={"help": "Use TRL's Qwen2.5 tool-calling template (default: for the embedded model)."}
+    )
+    completion_evaluator: str = field(
+        default="rule", metadata={"help": "Workspace completion score: rule or llm.", "choices": ["rule", "llm"]}
+    )
+    judge_base_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible judge endpoint."})
+    judge_model: str | None = field(default=None, metadata={"help": "Judge model name."})
+    judge_api_key_env: str = field(default="JUDGE_API_KEY", metadata={"help": "Env var with the judge API key."})
+    judge_max_concurrency: int = field(default=16, metadata={"help": "Judge requests in flight at most."})
+    judge_timeout: float = field(default=30.0, metadata={"help": "Seconds per judge request attempt."})
+    judge_max_retries: int = field(default=2, metadata={"help": "Retries of a failed judge request."})
+
+
+def build_task(script_args):
+    """The `TaskFamily` named by `--task`, with the completion evaluator chosen by `--completion_evaluator`."""
+    if script_args.task not in TASKS:
+        raise ValueError(f"--task {script_args.task!r} is not one of {list(TASKS)}.")
+    if script_args.task == "arithmetic":
+        if script_args.completion_evaluator != "rule":
+            raise ValueError("--completion_evaluator applies to --task workspace only.")
+        return arithmetic_task(lenient=script_args.lenient_parsing)
+    judge = None
+    if script_args.completion_evaluator == "llm":
+        if not script_args.judge_base_url or not script_args.judge_model:
+            raise ValueError("--completion_evaluator llm needs --judge_base_url and --judge_model.")
+        judge = LLMJudge(script_args.judge_base_url, script_args.judge_model, name="completion_score",
+                         render=render_judge_request, api_key_env=script_args.judge_api_key_env,
+                         max_concurrency=script_args.judge_max_concurrency, timeout=script_args.judge_timeout,
+                         max_retries=script_args.judge_max_retries)
+    return workspace_task(lenient=script_args.lenient_parsing,
+                          completion_evaluator=script_args.completion_evaluator, judge=judge)
 
 
 def seed_datasets(script_args, training_args, task):
@@ -73,16 +139,21 @@ def card_results(log_history, accuracy_key):
 
 
 def main(script_args, training_args, model_args):
-    if script_args.task not in TASKS:
-        raise ValueError(f"--task {script_args.task!r} is not one of {sorted(TASKS)}.")
+    task = build_task(script_args)
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    task = TASKS[script_args.task](lenient=script_args.lenient_parsing)
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    tool_template = script_args.tool_chat_template
+    if tool_template is None:
+        tool_template = task.environment_factory is not None and model_args.model_name_or_path is None
+    if tool_template:
+        use_tool_chat_template(tokenizer)
     train, evaluation = seed_datasets(script_args, training_args, task)
     if training_args.reward_weights is None and task.reward_weights is not None:
         training_args.reward_weights = list(task.reward_weights)
+    if training_args.learnability_criteria is None and task.learnability_criteria is not None:
+        training_args.learnability_criteria = [dict(c) for c in task.learnability_criteria]
 
     training_args.model_init_kwargs = {
         **(training_args.model_init_kwargs or {}),
@@ -100,13 +171,13 @@ def main(script_args, training_args, model_args):
         peft_config=get_peft_config(model_args),
         parse_question=task.parse_question,
         solver_prompt_fn=task.solver_prompt_fn,
+        environment_factory=task.environment_factory,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
-        accuracy = f"solver/{trainer.reward_func_names[0]}_mean"
-        curves = ["unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean", accuracy]
+        curves = CURVES[task.name]
         plot_learning_curves(trainer.state.log_history, curves, output_dir / "learning_curves.png",
                              title=f"Absolute Zero self-play ({task.name}, per logging step)")
         steps = [log for log in trainer.state.log_history if "unified_filter/learnable_ratio" in log]
