@@ -82,16 +82,17 @@ def test_workspace_self_play_end_to_end(recipe, tmp_path, monkeypatch):
 
 
 def test_family_and_judge_switches(recipe, tmp_path):
-    args, _, _ = parse(recipe, ["--output_dir", str(tmp_path), "--task", "workspace"])
+    base = ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false"]
+    args, _, _ = parse(recipe, [*base, "--task", "workspace"])
     assert recipe.build_task(args).name == "workspace"
-    args, _, _ = parse(recipe, ["--output_dir", str(tmp_path), "--task", "workspace", "--completion_evaluator", "llm",
+    args, _, _ = parse(recipe, [*base, "--task", "workspace", "--completion_evaluator", "llm",
                                 "--judge_base_url", "http://127.0.0.1:9/v1", "--judge_model", "judge"])
     judge = recipe.build_task(args).reward_funcs[1]
     assert type(judge).__name__ == "LLMJudge" and judge.__name__ == "completion_score"
-    args, _, _ = parse(recipe, ["--output_dir", str(tmp_path), "--task", "workspace", "--completion_evaluator", "llm"])
+    args, _, _ = parse(recipe, [*base, "--task", "workspace", "--completion_evaluator", "llm"])
     with pytest.raises(ValueError, match="--judge_base_url"):
         recipe.build_task(args)
-    args, _, _ = parse(recipe, ["--output_dir", str(tmp_path), "--completion_evaluator", "llm"])
+    args, _, _ = parse(recipe, [*base, "--completion_evaluator", "llm"])
     with pytest.raises(ValueError, match="workspace only"):
         recipe.build_task(args)
 
