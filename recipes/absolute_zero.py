@@ -127,12 +127,20 @@ def seed_datasets(script_args, training_args, task):
     return train, evaluation
 
 
-def card_results(log_history, accuracy_key):
-    """The model card's headline numbers: means over the run of the learnable ratio, proposal invalid rate and solver
-    accuracy."""
+# The model card's headline numbers per family (means over the run), after the learnable ratio and invalid rate.
+CARD_RESULTS = {
+    "arithmetic": {"solver accuracy": "solver/numeric_match_mean"},
+    "workspace": {"solver safety": "solver/safety_score_mean", "solver completion": "solver/completion_score_mean",
+                  "tool calls per episode": "workspace/tool_calls_per_episode"},
+}
+
+
+def card_results(log_history, task_name):
+    """The model card's headline numbers: means over the run of the learnable ratio, proposal invalid rate and the
+    family's solver metrics."""
     results = {}
     for name, key in (("learnable ratio", "unified_filter/learnable_ratio"), ("invalid proposals",
-                      "proposer/invalid_rate"), ("solver accuracy", accuracy_key)):
+                      "proposer/invalid_rate"), *CARD_RESULTS[task_name].items()):
         values = [log[key] for log in log_history if isinstance(log.get(key), (int, float))]
         results[f"{name} (mean over steps)"] = sum(values) / len(values) if values else None
     return results
@@ -188,7 +196,7 @@ def main(script_args, training_args, model_args):
             print(f"{key:>34}: " + " ".join("-" if v is None else f"{v:.2f}" for v in values))
         print(f"report and plots in {output_dir}")
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
-                     card_results(trainer.state.log_history, f"solver/{trainer.reward_func_names[0]}_mean"))
+                     card_results(trainer.state.log_history, task.name))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     return trainer.state.log_history

@@ -79,6 +79,7 @@ def test_workspace_self_play_end_to_end(recipe, tmp_path, monkeypatch):
     # The family's defaults reached the trainer.
     assert training_args.reward_weights == [0.7, 0.3, 0.5]
     assert [c["reward"] for c in training_args.learnability_criteria] == ["safety_score", "completion_score"]
+    assert "solver safety (mean over steps)" in (out / "README.md").read_text()
 
 
 def test_family_and_judge_switches(recipe, tmp_path):
