@@ -43,6 +43,7 @@ NOBODY = 65534
 # read-only tmpfs. A read-only mount does not stop connect() to a Unix socket; not seeing it does.
 HIDDEN = ("/run", "/var/run", "/var/tmp", "/dev/shm", "/dev/mqueue", "/var/lock")
 RESULT_FD = 3
+TMP_KB = 16 << 10  # size of each snippet's private /tmp
 # Modules imported once here so that children start with them loaded (the common ones of AZR programs). `random`
 # is deliberately absent: a child imports it fresh and seeds it from the OS, as a fresh interpreter would.
 PRELOAD = ("collections", "itertools", "functools", "heapq", "bisect", "string", "re", "operator", "typing", "copy")
@@ -157,6 +158,7 @@ class Server:
         config["root"], config["uid"] = self.root, os.getuid()
         self.namespaces, self.missing = isolate_server(config)
         self.per_child_ns = 0
+        self.ready = None
         if "mount" in self.namespaces:
             self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
             self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
@@ -188,39 +190,63 @@ class Server:
                 "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
 
     # -- one execution -------------------------------------------------------------------------------------------
-    def run(self, req):
-        nonce = os.urandom(16).hex()
-        if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
-            req["workdir"] = "/tmp/trl-ext-sandbox-%s" % nonce
-            os.mkdir(req["workdir"], 0o700)
-            if self.root:
-                os.chown(req["workdir"], NOBODY, NOBODY)
-        try:
-            return self.launch(req, nonce)
-        finally:
-            if not self.per_child_ns:
-                remove_tree(req["workdir"])
-
-    def launch(self, req, nonce):
+    # The next child is forked and isolated ahead of time (`prepare`, while the current snippet runs): it waits,
+    # privileged but running nothing else, for its request on a pipe; then it sets the request's rlimits, drops
+    # privileges and runs the snippet. So each snippet still gets a fresh child, and the fork and namespace setup
+    # overlap with the previous execution instead of adding to each one's latency.
+    def prepare(self):
+        if self.ready is not None:
+            return
         out_r, out_w = os.pipe()
         res_r, res_w = os.pipe()
-        start = time.monotonic()
+        req_r, req_w = os.pipe()
+        workdir = None
+        if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
+            workdir = "/tmp/trl-ext-sandbox-%s" % os.urandom(16).hex()
+            os.mkdir(workdir, 0o700)
+            if self.root:
+                os.chown(workdir, NOBODY, NOBODY)
         try:
-            pid = self.fork_isolated(req)
-        except OSError as exc:
-            for fd in (out_r, out_w, res_r, res_w):
+            pid = self.fork_isolated()
+        except BaseException:
+            for fd in (out_r, out_w, res_r, res_w, req_r, req_w):
                 os.close(fd)
+            if workdir:
+                remove_tree(workdir)
+            raise
+        if pid == 0:
+            os.close(out_r), os.close(res_r), os.close(req_w)
+            self.child(req_r, out_w, res_w, workdir)  # never returns
+        os.close(out_w), os.close(res_w), os.close(req_r)
+        self.ready = (pid, req_w, out_r, res_r, workdir)
+
+    def run(self, req):
+        try:
+            self.prepare()
+        except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.ENOMEM):
                 raise
             return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
-                    "duration_s": time.monotonic() - start}
-        if pid == 0:
-            os.close(out_r), os.close(res_r)
-            self.child(req, nonce, out_w, res_w)  # never returns
-        os.close(out_w), os.close(res_w)
-        return self.collect(pid, out_r, res_r, nonce, req, start)
+                    "duration_s": 0.0}
+        (pid, req_w, out_r, res_r, workdir), self.ready = self.ready, None
+        req["nonce"] = os.urandom(16).hex()
+        start = time.monotonic()
+        try:
+            write_all(req_w, json.dumps(req).encode())
+        except OSError:  # the child died while waiting: its exit status tells why
+            pass
+        os.close(req_w)
+        try:
+            self.prepare()  # the next child, while this one runs
+        except OSError:  # retried, and reported, by the next run()
+            pass
+        try:
+            return self.collect(pid, out_r, res_r, req["nonce"], req, start)
+        finally:
+            if workdir:
+                remove_tree(workdir)
 
-    def fork_isolated(self, req):
+    def fork_isolated(self):
         """Fork the child into fresh mount, PID and IPC namespaces with a private tmpfs on /tmp. The server enters
         the new mount and IPC namespaces only for the fork and then returns to its own (setns), so one fork per
         execution suffices and the child is PID 1 of its new PID namespace."""
@@ -229,7 +255,7 @@ class Server:
         unshare(self.per_child_ns)
         try:
             mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
-                req["tmp_kb"], ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
+                TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
             pid = os.fork()
         except BaseException:
             self.restore_namespaces()
@@ -245,15 +271,31 @@ class Server:
             if libc.setns(fd, kind) != 0:
                 raise SystemExit("setns: %s" % os.strerror(ctypes.get_errno()))
 
-    def child(self, req, nonce, out_w, res_w):
-        """In the new namespaces, still privileged: finish the setup, drop privileges, run the snippet."""
+    def child(self, req_r, out_w, res_w, workdir):
+        """In the new namespaces, still privileged: finish the setup, wait for the request, set its limits, drop
+        privileges, run the snippet."""
+        early = None
         try:
             os.setsid()
             if self.per_child_ns:
                 mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                os.chdir("/tmp")
-            else:
-                os.chdir(req["workdir"])
+            os.chdir(workdir or "/tmp")
+        except BaseException as exc:
+            early = exc
+        chunks = []
+        while True:
+            chunk = os.read(req_r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        if not chunks:  # the server went away without a request
+            os._exit(1)
+        req = json.loads(b"".join(chunks))
+        nonce = req["nonce"]
+        try:
+            if early is not None:
+                raise early
+            os.close(req_r)
             limit = lambda r, soft, hard=None: resource.setrlimit(r, (soft, soft if hard is None else hard))  # noqa
             cpu = max(1, math.ceil(req["timeout_s"]))
             limit(resource.RLIMIT_CPU, cpu, cpu + 1)
@@ -279,12 +321,15 @@ class Server:
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
             os.environ.clear()
-            os.environ.update({"HOME": "/tmp", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+            os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
+                               "LANG": "C.UTF-8"})
             sys.stdin = open(0, "r", closefd=False)
             sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
             sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
+                sys.modules["random"].seed()
         except BaseException as exc:
-            os.write(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
+            write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
             os._exit(0)
         run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
 
@@ -367,6 +412,12 @@ class Server:
                 return
 
 
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def remove_tree(path):
     for parent, dirs, files in os.walk(path, topdown=False):
         for name in files:
@@ -411,9 +462,7 @@ def run_snippet(code, result_var, nonce, max_value_bytes):
         payload = (nonce + json.dumps(message)).encode("utf-8", "backslashreplace")
     except BaseException as exc:
         payload = (nonce + json.dumps({"error": "unreadable result: %s" % type(exc).__name__})).encode()
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(RESULT_FD, view):]
+    write_all(RESULT_FD, payload)
     os._exit(0)
 
 
@@ -425,6 +474,10 @@ def main():
     requests, replies = sys.stdin.buffer, sys.stdout
     replies.write(json.dumps(server.describe()) + "\n")
     replies.flush()
+    try:
+        server.prepare()
+    except OSError:
+        pass
     for line in requests:
         req = json.loads(line)
         try:

@@ -43,7 +43,6 @@ class Limits:
     memory_mb: int = 512
     max_output_bytes: int = 1 << 16
     max_value_bytes: int = 1 << 20
-    tmp_kb: int = 16 << 10
     file_kb: int = 8 << 10
 
     def __post_init__(self):
@@ -52,7 +51,7 @@ class Limits:
         if self.memory_mb < 64:
             raise ValueError(f"memory_mb must be >= 64 (the interpreter itself needs ~30 MB of address space), "
                              f"got {self.memory_mb!r}.")
-        for name in ("max_output_bytes", "max_value_bytes", "tmp_kb", "file_kb"):
+        for name in ("max_output_bytes", "max_value_bytes", "file_kb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
 
@@ -91,7 +90,7 @@ class ForkServer:
         """The server's reply, or None when it died or hung (the caller then discards it)."""
         req = {"code": code, "result_var": result_var, "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb,
                "max_output_bytes": limits.max_output_bytes, "max_value_bytes": limits.max_value_bytes,
-               "tmp_kb": limits.tmp_kb, "file_kb": limits.file_kb}
+               "file_kb": limits.file_kb}
         try:
             self.proc.stdin.write(json.dumps(req).encode() + b"\n")
             self.proc.stdin.flush()
