@@ -118,7 +118,7 @@ def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
            "4", "--lora_target_modules", "q_proj", "v_proj", "--save_strategy", "steps", "--save_steps", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "checkpoint-3/replay_state.pt"):
+    for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "checkpoint-3/replay_state.json"):
         assert (out / name).is_file(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert [s["step"] for s in metrics["steps"]] == [1, 2, 3]

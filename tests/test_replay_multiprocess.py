@@ -33,7 +33,7 @@ def test_two_ranks_hold_identical_buffers_and_make_identical_decisions():
 def test_resume_restores_the_buffer_and_the_next_replay_decisions(tmp_path):
     full = run_torchrun(SCRIPT, nproc=1, args=["full", str(tmp_path / "full")], timeout=600)[0]
     checkpoint = tmp_path / "full" / "checkpoint-2"
-    assert (checkpoint / "replay_state.pt").is_file()
+    assert (checkpoint / "replay_state.json").is_file()
     # A new process resumes from the same checkpoint into a fresh output directory.
     resume_dir = tmp_path / "resumed"
     resume_dir.mkdir()

@@ -9,6 +9,7 @@ from peft import LoraConfig
 
 from trl_ext.testing import BatchRecorder, LoopbackVLLMServer, cpu_test_args, tiny_causal_lm, vllm_server_mode
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
+from trl_ext.trainers.trainer_state import CheckpointStateError, load_state
 
 
 def coin(completions, **kwargs):
@@ -45,7 +46,7 @@ def test_real_training_replays_and_checkpoints_the_buffer(tmp_path):
     assert ratios and all(math.isfinite(r) and r > 0 for r in ratios)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     for step in (2, 4):
-        state = torch.load(tmp_path / f"checkpoint-{step}" / "replay_state.pt", weights_only=False)
+        state = load_state(tmp_path / f"checkpoint-{step}", "replay_state", "ReplayGRPOTrainer")
         assert state["replay_active"] is True
         assert set(state["experience"]["task2trajectories"]) <= {f"t{i}" for i in range(6)}
     # The buffer stores ~8 bytes per completion token (int32 id + float32 log-prob) plus prompts once per task.
@@ -59,10 +60,10 @@ def test_resume_needs_the_replay_state(tmp_path):
     trainer = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args_for(tmp_path, max_steps=1,
                                 save_strategy="steps", save_steps=1), train_dataset=dataset(), processing_class=tokenizer)
     trainer.train()
-    (tmp_path / "checkpoint-1" / "replay_state.pt").unlink()
+    (tmp_path / "checkpoint-1" / "replay_state.json").unlink()
     resumed = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args_for(tmp_path, max_steps=2),
                                 train_dataset=dataset(), processing_class=tokenizer)
-    with pytest.raises(FileNotFoundError, match="replay buffer cannot be restored"):
+    with pytest.raises(CheckpointStateError, match=r"checkpoint-1/replay_state\.json is missing.*Resume from"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
 
 

@@ -16,7 +16,6 @@ dual-clip or shaping loss on the off-policy tokens that reuses the same forward 
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -37,9 +36,7 @@ from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .scoping import scoped_call
-
-
-STATE_FILE = "replay_state.pt"
+from .trainer_state import CheckpointStateMixin
 
 
 @dataclass
@@ -100,7 +97,7 @@ class PendingCollection:
     """Whether any process has rows to store (then the gather runs on every process)."""
 
 
-class ReplayGRPOTrainer(ModelCardMixin, GRPOTrainer):
+class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
     Args:
@@ -117,6 +114,8 @@ class ReplayGRPOTrainer(ModelCardMixin, GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
+    checkpoint_state_name = "replay_state"
+    checkpoint_state_legacy_file = "replay_state.pt"  # written by earlier versions (torch.save)
     _name = "Replay GRPO"
     _paper = {
         "title": "ExGRPO: Learning to Reason from Experience",
@@ -554,23 +553,12 @@ class ReplayGRPOTrainer(ModelCardMixin, GRPOTrainer):
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
-        self._flush_pending()  # the checkpoint holds every collection of the batches trained so far
+        self._flush_pending()  # a collective: the checkpoint holds every collection of the batches trained so far
         super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            state = {"experience": self.experience.state_dict(), "replay_active": self.replay_active}
-            torch.save(state, os.path.join(folder, STATE_FILE))
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, STATE_FILE)
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"{path} is missing: this checkpoint was not written by ReplayGRPOTrainer, so the replay buffer "
-                "cannot be restored."
-            )
-        state = torch.load(path, weights_only=False)  # our own file: buffer tensors, examples and RNG state
+    def checkpoint_state(self) -> dict:
+        return {"experience": self.experience.state_dict(), "replay_active": self.replay_active}
+
+    def load_checkpoint_state(self, state: dict) -> None:
         self.experience.load_state_dict(state["experience"])
-        self.replay_active = state["replay_active"]
+        self.replay_active = bool(state["replay_active"])

@@ -1,0 +1,232 @@
+"""Trainer state that lives across steps (a replay buffer, a task buffer), saved in every checkpoint and restored on
+resume without running code from the file.
+
+A state is a nested structure of dicts, lists, tuples, strings, numbers, booleans, `None` and tensors. It is written
+as two files in the checkpoint folder: `<name>.safetensors` (the tensors) and `<name>.json` (everything else, with
+tensors, tuples and non-string dict keys tagged), each written under a temporary name and renamed into place. Reading
+parses JSON and safetensors only, so a crafted file can at worst be refused.
+
+[`CheckpointStateMixin`] puts the files into `checkpoint-N/` before transformers writes anything there, so they are in
+every checkpoint that transformers completes (its `trainer_state.json`, written last) and before older checkpoints are
+rotated away; a save that fails removes the checkpoint folder it started, leaving the previous one the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+
+FORMAT = "trl-ext trainer state"
+VERSION = 1
+_TENSOR, _TUPLE, _DICT = "$tensor", "$tuple", "$dict"
+
+
+class CheckpointStateError(ValueError):
+    """A checkpoint's trainer state is missing, corrupt or not ours; the message names the file and the fix."""
+
+
+def encode_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Split `state` into a JSON-serialisable tree and the tensors it references (by key)."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def encode(x, path):
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x  # NaN and infinities too: Python's json writes and reads them
+        if isinstance(x, torch.Tensor):
+            return {_TENSOR: _store(x)}
+        if isinstance(x, tuple):
+            return {_TUPLE: [encode(v, f"{path}[{i}]") for i, v in enumerate(x)]}
+        if isinstance(x, list):
+            return [encode(v, f"{path}[{i}]") for i, v in enumerate(x)]
+        if isinstance(x, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in x):
+                return {k: encode(v, f"{path}[{k!r}]") for k, v in x.items()}
+            return {_DICT: [[encode(k, f"{path} key"), encode(v, f"{path}[{k!r}]")] for k, v in x.items()]}
+        raise TypeError(
+            f"{path}: a {type(x).__module__}.{type(x).__qualname__} cannot be saved as trainer state (dicts, lists, "
+            "tuples, str, int, float, bool, None and tensors only); convert it to one of these."
+        )
+
+    def _store(tensor):
+        key = str(len(tensors))
+        # Own contiguous storage: safetensors refuses tensors that share memory (row slices of one batch tensor).
+        tensors[key] = tensor.detach().cpu().contiguous().clone()
+        return key
+
+    return encode(state, "state"), tensors
+
+
+def decode_state(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of [`encode_state`]. Raises `KeyError`/`TypeError`/`ValueError` on a malformed tree."""
+
+    def decode(x):
+        if isinstance(x, list):
+            return [decode(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        if len(x) == 1 and _TENSOR in x:
+            return tensors[x[_TENSOR]]
+        if len(x) == 1 and _TUPLE in x:
+            return tuple(decode(v) for v in x[_TUPLE])
+        if len(x) == 1 and _DICT in x:
+            return {_hashable(decode(k)): decode(v) for k, v in x[_DICT]}
+        return {k: decode(v) for k, v in x.items()}
+
+    return decode(tree)
+
+
+def _hashable(key):
+    if isinstance(key, (list, dict, torch.Tensor)):
+        raise TypeError(f"unhashable dict key {key!r}")
+    return key
+
+
+def state_paths(folder: str | os.PathLike, name: str) -> tuple[str, str]:
+    """The JSON and safetensors files of state `name` in `folder`."""
+    return os.path.join(folder, f"{name}.json"), os.path.join(folder, f"{name}.safetensors")
+
+
+def save_state(folder: str | os.PathLike, name: str, state: Any) -> None:
+    """Write `state` to `folder` as `<name>.safetensors` then `<name>.json` (the JSON, written last, lists the
+    tensors it expects, so a folder with only one of the two files reads as incomplete)."""
+    tree, tensors = encode_state(state)
+    json_path, tensor_path = state_paths(folder, name)
+    _replace_into(tensor_path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    payload = {"format": FORMAT, "version": VERSION, "tensors": sorted(tensors, key=int), "state": tree}
+    _replace_into(json_path, lambda tmp: _write_json(tmp, payload))
+
+
+def _write_json(path: str, payload) -> None:
+    with open(path, "w") as file:
+        json.dump(payload, file)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def _replace_into(path: str, write) -> None:
+    tmp = f"{path}.tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_state(folder: str | os.PathLike, name: str, owner: str, legacy_file: str | None = None) -> Any:
+    """Read the state `name` from checkpoint `folder`, or raise [`CheckpointStateError`] naming the file and the fix.
+
+    `owner` (the trainer's name) goes into the messages. `legacy_file`: the torch file an earlier version wrote
+    instead, read (when the new files are absent) with `torch.load(weights_only=True)`, which refuses anything but
+    tensors and plain containers.
+    """
+    json_path, tensor_path = state_paths(folder, name)
+    restart = _restart_hint(owner)
+    if not os.path.exists(json_path):
+        if legacy_file is not None and os.path.exists(os.path.join(folder, legacy_file)):
+            return _load_legacy(os.path.join(folder, legacy_file), restart)
+        raise CheckpointStateError(
+            f"{json_path} is missing, so {owner}'s state cannot be restored (the checkpoint was not written by "
+            f"{owner}, or its save was interrupted). {restart}"
+        )
+    corrupt = f"is corrupt or was not written by {owner}"
+    try:
+        with open(json_path) as file:
+            payload = json.load(file)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointStateError(f"{json_path} {corrupt} ({error}). {restart}") from error
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or "state" not in payload:
+        raise CheckpointStateError(f"{json_path} {corrupt} (not a {FORMAT} file). {restart}")
+    if payload.get("version") != VERSION:
+        raise CheckpointStateError(
+            f"{json_path} has format version {payload.get('version')!r}; this trl-ext reads version {VERSION}. "
+            f"Resume with the trl-ext version that wrote it. {restart}"
+        )
+    try:
+        tensors = load_file(tensor_path)
+    except (OSError, SafetensorError) as error:
+        raise CheckpointStateError(f"{tensor_path} {corrupt} ({error}). {restart}") from error
+    if sorted(tensors, key=int) != payload.get("tensors"):
+        raise CheckpointStateError(
+            f"{tensor_path} does not hold the tensors {json_path} lists (the two files come from different saves). "
+            f"{restart}"
+        )
+    try:
+        return decode_state(payload["state"], tensors)
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointStateError(f"{json_path} {corrupt} ({error!r}). {restart}") from error
+
+
+def _restart_hint(owner: str) -> str:
+    return (
+        f"Resume from a checkpoint-N folder written by {owner} (it holds this file), or start a new run from the "
+        "checkpoint's weights by passing the folder as the model instead of resume_from_checkpoint."
+    )
+
+
+def _load_legacy(path: str, restart: str) -> Any:
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - torch raises UnpicklingError, EOFError, RuntimeError, ...
+        raise CheckpointStateError(
+            f"{path} was refused: it holds something other than tensors and plain containers (a crafted or foreign "
+            f"file; nothing in it was run) or is truncated ({type(error).__name__}). {restart}"
+        ) from error
+
+
+class CheckpointStateMixin:
+    """For `Trainer` subclasses with state across steps: saved in each checkpoint, restored on resume.
+
+    Set `checkpoint_state_name` (the file stem) and implement `checkpoint_state()` (the state, identical on every
+    process, or `None` for nothing to save) and `load_checkpoint_state(state)`. `checkpoint_state_legacy_file` names
+    a torch file an earlier version wrote instead (read with `weights_only=True`).
+    """
+
+    checkpoint_state_name: str
+    checkpoint_state_legacy_file: str | None = None
+
+    def checkpoint_state(self) -> Any:
+        raise NotImplementedError
+
+    def load_checkpoint_state(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def _save_checkpoint(self, model, trial):
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        started = not os.path.exists(folder)
+        try:
+            state = self.checkpoint_state()
+            if state is not None and self.args.should_save:
+                os.makedirs(folder, exist_ok=True)
+                save_state(folder, self.checkpoint_state_name, state)
+            super()._save_checkpoint(model, trial)
+        except BaseException:
+            # transformers' resume_from_checkpoint=True takes the highest checkpoint-N: drop an incomplete one (no
+            # trainer_state.json, which transformers writes last, before rotating) so that the previous is taken.
+            if started and self.args.should_save and not os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Called with the resolved checkpoint folder on resume, for every backend (DeepSpeed and FSDP included).
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            owner = type(self).__name__
+            state = load_state(checkpoint, self.checkpoint_state_name, owner, self.checkpoint_state_legacy_file)
+            try:
+                self.load_checkpoint_state(state)
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                path = state_paths(checkpoint, self.checkpoint_state_name)[0]
+                raise CheckpointStateError(
+                    f"{path} does not hold the state {owner} expects ({error!r}): it is corrupt or was written by "
+                    f"another trainer. {_restart_hint(owner)}"
+                ) from error
