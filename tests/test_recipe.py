@@ -95,6 +95,7 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"before", "after", "train_log"} <= set(metrics) and metrics["after"]["num_rows"] == 4
     assert sum("answer/accuracy" in log for log in metrics["train_log"]) == 2
+    assert "is deprecated" not in proc.stderr  # no deprecation warning for keys or library internals
     card = (out / "README.md").read_text()  # our card, not PEFT's generic one
     assert "library_name: peft" in card and "- rlcr" in card and "@article{damani2025beyond" in card
     assert "Training data: the local file `data.jsonl`." in card and "| ECE (after) |" in card

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,13 @@ def run_recipe(main, script_args_cls: type, config_cls: type, default_config: st
         parser.parse_args_and_config(args=argv)  # prints the help and exits
         return
     argv = cpu_fallback(with_default_config(argv, default_config))
+    # TRL 1.16 (and PEFT) call the model methods transformers 5 renamed (`is_gradient_checkpointing`,
+    # `gradient_checkpointing_enable/disable`) around every generation: the warning would name library internals a
+    # recipe user cannot change. A config that writes the deprecated `gradient_checkpointing` key still warns.
+    warnings.filterwarnings(
+        "ignore", message=r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated",
+        category=FutureWarning,
+    )
     parsed = parser.parse_args_and_config(args=argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main(*parsed)
