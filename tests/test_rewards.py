@@ -1,5 +1,6 @@
 """Tests for `trl_ext.rewards`: hand-computed values, thread safety, adversarial inputs and fuzzing."""
 
+import logging
 import math
 import multiprocessing
 import os
@@ -8,6 +9,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from trl_ext.rewards import (
     completion_text,
     extract_tag,
     format_reward,
+    is_missing,
     make_accuracy_reward,
     make_brier_reward,
     make_confidence_format_reward,
@@ -26,6 +29,7 @@ from trl_ext.rewards import (
     parse_confidence,
     verify_answer,
     verify_answers,
+    verify_answers_counted,
 )
 from trl_ext.rewards import verify as verify_module
 
@@ -140,6 +144,15 @@ def test_extract_tag(text, expected):
     assert extract_tag(text, "answer") == expected
 
 
+def test_normalize_answer_is_linear_in_boxed_depth():
+    # Peeling one layer per pass rescanned the rest each time: 4,000 layers took 3.6 s, 20,000 would take ~90 s.
+    depth = 20_000
+    start = time.perf_counter()
+    assert normalize_answer("\\boxed{" * depth + "7" + "}" * depth) == "7"
+    assert normalize_answer("$\\boxed{" * depth + "7" + "}$" * depth) == "7"
+    assert time.perf_counter() - start < 2.0
+
+
 def test_extract_tag_is_linear_on_many_unclosed_tags():
     text = "<answer>" * 20_000 + "</answer>"
     start = time.perf_counter()
@@ -177,6 +190,12 @@ def test_completion_text(completion, expected):
         ("\\boxed{5}", "5"),
         ("$\\boxed{x + 1}$", "x + 1"),
         ("\\boxed{1}+\\boxed{2}", "\\boxed{1}+\\boxed{2}"),
+        ("\\boxed{\\boxed{ $\\boxed{7}$. }}", "7"),  # wrappers peeled in any order and nesting
+        ("\\boxed{{1}+{2}}", "{1}+{2}"),
+        ("\\boxed{1}}", "\\boxed{1}}"),
+        ("}\\boxed{1}", "}\\boxed{1}"),
+        ("\\boxed{\\boxed{1}", "\\boxed{\\boxed{1}"),
+        ("$", "$"),
         ("42.", "42"),
         ("1,000", "1000"),
         ("1,234,567.50", "1234567.5"),
@@ -450,6 +469,32 @@ def test_verify_answers_batch(monkeypatch):
     assert verify_answers([]) == []
 
 
+def test_hostile_answers_share_one_batch_deadline(monkeypatch):
+    # Each of these runs until its own per-pair budget (0.8 s here); eight in a row took 6.4 s before the batch had
+    # a deadline. Pairs reached after it keep their exact-match verdict and are counted.
+    monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(verify_module, "VERIFY_BATCH_TIMEOUT_S", 2.0)
+    verify_answer("1/2", "0.5")  # a started worker
+    pid = verify_module._worker.process.pid
+    hostile = [("\\log(5+e)", "1000000"), ("10", "\\sin(128x)"), ("7", "\\sin(x+1)^{60}"), ("42", "(x+y+z+w)^{60}")]
+    pairs = [("1/2", "0.5"), *hostile * 2, ("3", "3"), ("1/4", "0.25")]
+    start = time.perf_counter()
+    verdicts, unverified = verify_answers_counted(pairs)
+    elapsed = time.perf_counter() - start
+    assert verdicts[0] is True and verdicts[-2] is True  # math_verify in time; exact match needs none
+    assert verdicts[1:-2] == [False] * 8 and verdicts[-1] is False  # the last one had no time left
+    assert 6 <= unverified <= 7  # two or three hostile pairs fit in 2 s, the rest (and "1/4") do not
+    assert elapsed < 2.0 + 2.0
+    assert verify_module._worker.process.pid == pid  # skipping needs no kill
+    assert verify_answer("1/4", "0.25") is True  # the next batch has its own deadline
+
+    logged = []
+    _call(accuracy_reward, [f"<answer>{p}</answer>" for _, p in hostile * 2], solution=[g for g, _ in hostile * 2],
+          log_metric=lambda name, value: logged.append((name, value)))
+    (rate,) = [value for name, value in logged if name == "accuracy/unverified_rate"]
+    assert 0.5 <= rate < 1.0
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # accuracy
 
@@ -483,17 +528,52 @@ def test_accuracy_reward_conversational_and_non_string_gold():
         [{"role": "user", "content": "<answer>42</answer>"}, {"role": "assistant", "content": "no tag"}],
     ]
     assert _call(accuracy_reward, completions, solution=[42, 42, 42]) == [1.0, 0.0, 0.0]
-    assert _call(accuracy_reward, ["<answer>42</answer>"], solution=[None]) == [0.0]
+
+
+@pytest.mark.parametrize("gold", [None, "", "   \n", float("nan")], ids=["None", "empty", "blank", "nan"])
+def test_accuracy_reward_without_gold_is_not_applicable(gold):
+    # A row without a usable gold answer is never scored as wrong (nor right: "None" is no answer): None, which TRL
+    # leaves out of the group baselines, and a counted metric.
+    logged = []
+    completions = ["<answer>42</answer>", "<answer>None</answer>", "<answer>nan</answer>", "<answer>7</answer>"]
+    rewards = _call(accuracy_reward, completions, solution=[gold, gold, gold, "7"],
+                    log_metric=lambda name, value: logged.append((name, value)))
+    assert rewards == [None, None, None, 1.0]
+    assert ("accuracy/missing_gold_rate", 0.75) in logged
+
+
+def test_is_missing():
+    assert all(map(is_missing, [None, "", " \t", float("nan"), np.float32("nan")]))
+    assert not any(map(is_missing, ["0", 0, 0.0, False, "None", "nan"]))
 
 
 def test_accuracy_reward_custom_tag_column_and_func():
     reward = make_accuracy_reward(answer_tag="final", solution_column="gold", accuracy_func=lambda g, p: g == p[::-1])
     assert _call(reward, ["<final>cba</final>", "<answer>cba</answer>"], gold=["abc", "abc"]) == [1.0, 0.0]
 
-    def broken(gold, prediction):
-        raise RuntimeError("boom")
 
-    assert _call(make_accuracy_reward(accuracy_func=broken), ["<answer>1</answer>"], solution=["1"]) == [0.0]
+
+def test_accuracy_func_that_raises_is_logged_once_and_counted(caplog):
+    calls = []
+
+    def broken(gold, prediction):
+        calls.append(prediction)
+        if prediction == "2":
+            raise RuntimeError("boom")
+        return gold == prediction
+
+    reward = make_accuracy_reward(accuracy_func=broken)
+    logged = []
+    completions = ["<answer>1</answer>", "<answer>2</answer>", "<answer>2</answer>", "no answer"]
+    with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.functions"):
+        for _ in range(2):
+            rewards = _call(reward, completions, solution=["1"] * 4,
+                            log_metric=lambda name, value: logged.append((name, value)))
+            assert rewards == [1.0, None, None, 0.0]  # raised: not judged, not wrong
+    assert len(calls) == 6
+    errors = [r for r in caplog.records if "accuracy_func raised" in r.getMessage()]
+    assert len(errors) == 1 and "RuntimeError: boom" in caplog.text  # the first traceback, once
+    assert logged.count(("errors/accuracy_func_rate", 0.5)) == 2
 
 
 def test_accuracy_reward_missing_column_raises():
@@ -524,6 +604,12 @@ def test_brier_reward_values():
     assert _call(brier_reward, completions, answer_correct=labels) == pytest.approx(expected)
 
 
+def test_brier_reward_without_label_is_not_applicable():
+    # An answer that could not be judged (no gold) gives its confidences no Brier reward, not even a perfect one.
+    completions = ["<confidence>1</confidence>", "<confidence>0</confidence>", "<confidence>1</confidence>"]
+    assert _call(brier_reward, completions, answer_correct=[None, float("nan"), 1]) == [None, None, 1.0]
+
+
 def test_brier_reward_uses_last_confidence_and_custom_names():
     reward = make_brier_reward(confidence_tag="conf", label_column="ok")
     assert _call(reward, ["<conf>0.1</conf> <conf>0.9</conf>"], ok=[False]) == pytest.approx([1 - 0.81])
@@ -533,7 +619,7 @@ def test_brier_reward_configuration_errors():
     with pytest.raises(ValueError, match="answer_correct"):
         _call(brier_reward, ["<confidence>0.5</confidence>"], solution=["1"])
     with pytest.raises(ValueError, match="answer_correct"):
-        _call(brier_reward, ["<confidence>0.5</confidence>"], answer_correct=[None])
+        _call(brier_reward, ["<confidence>0.5</confidence>"], answer_correct=["yes"])
     with pytest.raises(ValueError, match="answer_correct"):
         _call(brier_reward, ["<confidence>0.5</confidence>"], answer_correct=[2])
 
@@ -655,7 +741,11 @@ GOLDS = st.sampled_from(["42", "\\frac{1}{2}", "x^2+1", "(1, 2)", "Paris", "\\lo
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(completion, GOLDS)
 def test_accuracy_reward_fuzz(completion_value, gold):
-    _check_rewards(_call(accuracy_reward, [completion_value], solution=[gold]), 1)
+    rewards = _call(accuracy_reward, [completion_value], solution=[gold])
+    if is_missing(gold):
+        assert rewards == [None]
+    else:
+        _check_rewards(rewards, 1)
     assert isinstance(verify_answer(gold, completion_text(completion_value)), bool)
 
 
@@ -672,6 +762,8 @@ from trl_ext.rewards import extract_answer, extract_confidence  # noqa: E402
         ("<answer>5</answer> and 9", "5", "5"),  # the tag wins
         ("no number", None, None),
         ("version2 x3", None, None),  # digits glued to letters are not numbers
+        ("It is -7.", None, "-7"),  # the sign belongs to the number
+        ("from 3-7", None, "7"),  # a hyphen after a digit is no sign
     ],
 )
 def test_extract_answer(text, strict, lenient):
@@ -686,6 +778,9 @@ def test_extract_answer(text, strict, lenient):
         ("It costs 30 cents; 0.4 likely", None, 0.4),  # 30 is no confidence, 0.4 is
         ("<confidence>0.2</confidence> 0.9", 0.2, 0.2),
         ("2.5 out of 10", None, None),
+        ("confidence: -0.5", None, None),  # out of range, not 0.5
+        ("-0.5 or 0.25", None, 0.25),
+        ("60-70%", None, 0.7),  # a range, not a negative number
     ],
 )
 def test_extract_confidence(text, strict, lenient):

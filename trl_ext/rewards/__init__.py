@@ -5,6 +5,7 @@ from .functions import (
     accuracy_reward,
     brier_reward,
     format_reward,
+    is_missing,
     make_accuracy_reward,
     make_brier_reward,
     make_confidence_format_reward,
@@ -19,7 +20,7 @@ from .parsing import (
     normalize_answer,
     parse_confidence,
 )
-from .verify import verify_answer, verify_answers
+from .verify import verify_answer, verify_answers, verify_answers_counted
 
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "extract_confidence",
     "extract_tag",
     "format_reward",
+    "is_missing",
     "make_accuracy_reward",
     "make_brier_reward",
     "make_confidence_format_reward",
@@ -41,4 +43,5 @@ __all__ = [
     "parse_judge_score",
     "verify_answer",
     "verify_answers",
+    "verify_answers_counted",
 ]

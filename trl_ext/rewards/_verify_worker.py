@@ -2,9 +2,11 @@
 
 Started by `verify.py` as `python _verify_worker.py MEMORY_BYTES` and run by path, so that it imports neither
 `trl_ext` nor anything heavy. Protocol (one JSON document per line): it first writes `true` once math_verify is
-imported (`false` if it cannot be); then, for each request `{"budget_s": seconds, "pairs": [[gold, prediction],
-...]}`, it writes one `true`/`false` line per pair as soon as that pair is decided, so the parent can time pairs one
-by one. A request `{"sleep": seconds}` exists for tests only: it hangs like a runaway sympy call.
+imported (`false` if it cannot be); then, for each request `{"budget_s": seconds, "total_s": seconds, "pairs":
+[[gold, prediction], ...]}`, it writes one `true`/`false` line per pair as soon as that pair is decided, so the parent
+can time pairs one by one. Each pair gets at most `budget_s`, and the request at most `total_s` in all: pairs reached
+after that get `null` (not verified) at once. A request `{"sleep": seconds}` exists for tests only: it hangs like a
+runaway sympy call.
 """
 
 import json
@@ -101,13 +103,19 @@ def main() -> None:
         if "sleep" in request:
             time.sleep(request["sleep"])
             continue
+        end = time.monotonic() + request.get("total_s", float("inf"))
         for gold, prediction in request["pairs"]:
+            budget = min(request["budget_s"], end - time.monotonic())
+            if budget <= 0:
+                replies.write("null\n")
+                continue
             try:
-                result = _equal(gold, prediction, request["budget_s"], parse, verify, (Basic, MatrixBase))
+                result = _equal(gold, prediction, budget, parse, verify, (Basic, MatrixBase))
             except _BudgetExceeded:  # the alarm fired in `_equal`'s `finally`, just before it was cancelled
                 result = False
             replies.write("true\n" if result else "false\n")
             replies.flush()
+        replies.flush()
 
 
 if __name__ == "__main__":

@@ -1,19 +1,25 @@
 """Reward functions for RLCR (answer correctness + calibrated confidence), in TRL's reward-function signature.
 
-Each factory returns a plain function `f(prompts, completions, completion_ids=None, **kwargs) -> list[float]`
+Each factory returns a plain function `f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]`
 whose `__name__` is the metric name TRL logs. Dataset columns arrive as keyword lists with one entry per
-completion. Rewards are floats in [0, 1]; nothing about the model's output can make them raise.
+completion. Rewards are floats in [0, 1], or `None` for a row that cannot be judged (no gold answer: TRL's "not
+applicable"); nothing about the model's output can make them raise.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .parsing import completion_text, extract_answer, extract_confidence, parse_confidence
-from .verify import verify_answer, verify_answers
+from .verify import verify_answer, verify_answers_counted
+
+
+logger = logging.getLogger(__name__)
 
 
 __all__ = [
@@ -21,13 +27,14 @@ __all__ = [
     "accuracy_reward",
     "brier_reward",
     "format_reward",
+    "is_missing",
     "make_accuracy_reward",
     "make_brier_reward",
     "make_confidence_format_reward",
     "make_format_reward",
 ]
 
-RewardFunction = Callable[..., list[float]]
+RewardFunction = Callable[..., list[float | None]]
 
 
 def _column(kwargs: dict[str, Any], column: str, reward_name: str, num_completions: int) -> Sequence[Any]:
@@ -62,11 +69,46 @@ def _tag_names_ok(*tags: str) -> None:
             raise ValueError(f"Invalid tag name {tag!r}: use a non-empty name without '<', '>', '/' or whitespace.")
 
 
-def _safe_call(accuracy_func: Callable[[str, str], bool], gold: Any, answer: str) -> bool:
-    try:
-        return bool(accuracy_func(gold if isinstance(gold, str) else str(gold), answer))
-    except Exception:
-        return False
+def _gold_text(gold: Any) -> str:
+    return gold if isinstance(gold, str) else str(gold)
+
+
+def is_missing(value: Any) -> bool:
+    """Whether a dataset value is absent: `None`, NaN, or a string of whitespace only (a blank CSV cell, a null
+    JSON field). A missing gold answer makes a row unscorable, never wrong."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and math.isnan(value)
+
+
+def _log_metric(kwargs: dict[str, Any], name: str, value: float) -> None:
+    """Report a scalar through TRL's `log_metric` reward kwarg (averaged over processes and the logging step)."""
+    log_metric = kwargs.get("log_metric")
+    if callable(log_metric):
+        log_metric(name, value)
+
+
+class _FirstErrorLogger:
+    """Logs the first exception a user callable raises, with its traceback, once; counts every failure."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.logged = False
+
+    def __call__(self, func: Callable, *args: Any) -> tuple[Any, bool]:
+        """`(func(*args), True)`, or `(None, False)` when it raised."""
+        try:
+            return func(*args), True
+        except Exception:
+            if not self.logged:
+                self.logged = True
+                logger.exception(
+                    "%s raised; the row is scored as not applicable (None) and `errors/%s_rate` counts it. Only "
+                    "this first traceback is logged.", self.name, self.name,
+                )
+            return None, False
 
 
 def make_accuracy_reward(
@@ -79,10 +121,20 @@ def make_accuracy_reward(
 
     The gold answer is read from the `solution_column` dataset column (non-strings are converted with `str()`)
     and compared with `accuracy_func(gold, answer)`. A missing or empty answer tag (with `lenient`: and no number
-    in the text, see `extract_answer`), or an `accuracy_func` that raises, gives 0.0. A missing column raises
-    `ValueError` (a configuration error).
+    in the text, see `extract_answer`) gives 0.0. A row without a usable gold answer (`None`, NaN, blank, see
+    `is_missing`) gives `None` (not applicable: TRL leaves it out of the baselines); so does a row on which
+    `accuracy_func` raises (its first traceback is logged once). A missing column raises `ValueError` (a
+    configuration error).
+
+    Metrics, through TRL's `log_metric`, as fractions of the call's rows: `accuracy/missing_gold_rate`,
+    `errors/accuracy_func_rate` (a custom `accuracy_func` only) and `accuracy/unverified_rate` (pairs math_verify
+    had no time left for in the batch, compared by exact match only; the default `accuracy_func` only).
     """
     _tag_names_ok(answer_tag)
+    call_user = _FirstErrorLogger("accuracy_func")
+
+    def compare(gold: Any, answer: str) -> bool:
+        return bool(accuracy_func(_gold_text(gold), answer))
 
     def accuracy(
         prompts: Sequence[Any] | None,
@@ -90,28 +142,45 @@ def make_accuracy_reward(
         completion_ids: Sequence[Any] | None = None,
         **kwargs: Any,
     ) -> list[float]:
-        """1.0 per completion whose last `<answer>` matches the row's gold solution, else 0.0."""
+        """1.0 per completion whose last `<answer>` matches the row's gold solution, else 0.0; None without gold."""
         golds = _column(kwargs, solution_column, "accuracy", len(completions))
-        rewards = [0.0] * len(completions)
+        rewards: list[float | None] = [0.0] * len(completions)
         checked, pairs = [], []  # completions with an answer and a gold answer to compare it with
+        missing = 0
         for index, (completion, gold) in enumerate(zip(completions, golds)):
+            if is_missing(gold):
+                rewards[index] = None
+                missing += 1
+                continue
             answer = extract_answer(completion_text(completion), answer_tag, lenient)
-            if answer and gold is not None:
+            if answer:
                 checked.append(index)
-                pairs.append((gold, answer))  # str(gold) happens below, where a failing `__str__` is caught
+                pairs.append((gold, answer))
+        rows = max(len(completions), 1)
+        _log_metric(kwargs, "accuracy/missing_gold_rate", missing / rows)
         if accuracy_func is verify_answer:
-            verdicts = verify_answers(pairs)  # one round trip to the verifier worker for the whole batch
+            # one round trip to the verifier worker for the whole batch
+            verdicts, unverified = verify_answers_counted(pairs)
+            _log_metric(kwargs, "accuracy/unverified_rate", unverified / rows)
         else:
-            verdicts = [_safe_call(accuracy_func, gold, answer) for gold, answer in pairs]
+            verdicts, errors = [], 0
+            for gold, answer in pairs:
+                verdict, ok = call_user(compare, gold, answer)
+                verdicts.append(verdict if ok else None)
+                errors += not ok
+            _log_metric(kwargs, "errors/accuracy_func_rate", errors / rows)
         for index, correct in zip(checked, verdicts):
-            rewards[index] = 1.0 if correct else 0.0
+            rewards[index] = None if correct is None else 1.0 if correct else 0.0
         return rewards
 
     return accuracy
 
 
-def _label_value(label: Any, column: str) -> float:
-    """A correctness label as 0.0/1.0 (soft labels in [0, 1] are kept); anything else is a data error."""
+def _label_value(label: Any, column: str) -> float | None:
+    """A correctness label as 0.0/1.0 (soft labels in [0, 1] are kept), `None` when missing (see `is_missing`);
+    anything else is a data error."""
+    if is_missing(label):
+        return None
     try:
         value = float(label)
     except (TypeError, ValueError, OverflowError):
@@ -127,9 +196,9 @@ def make_brier_reward(
     """Build the `brier` reward: `1 - (label - c) ** 2`, with c the confidence in the last `<confidence_tag>`.
 
     The label (bool or 0/1) comes from the `label_column` column. An unparsable or missing confidence gives 0.0
-    (with `lenient`, an untagged number in the reply counts, see `extract_confidence`).
-    A missing column, or a label that is not a number in [0, 1], raises `ValueError` (a data error, not model
-    output).
+    (with `lenient`, an untagged number in the reply counts, see `extract_confidence`). A missing label (`None`,
+    NaN: e.g. the answer had no gold to be judged against) gives `None`, not applicable. A missing column, or a label
+    that is not a number in [0, 1], raises `ValueError` (a data error, not model output).
     """
     _tag_names_ok(confidence_tag)
 
@@ -139,11 +208,15 @@ def make_brier_reward(
         completion_ids: Sequence[Any] | None = None,
         **kwargs: Any,
     ) -> list[float]:
-        """Brier-score reward `1 - (label - confidence) ** 2` per completion; 0.0 without a valid confidence."""
+        """Brier-score reward `1 - (label - confidence) ** 2` per completion; 0.0 without a valid confidence, None
+        without a label."""
         column = _column(kwargs, label_column, "brier", len(completions))
         labels = [_label_value(label, label_column) for label in column]
-        rewards = []
+        rewards: list[float | None] = []
         for completion, label in zip(completions, labels):
+            if label is None:
+                rewards.append(None)
+                continue
             confidence = extract_confidence(completion_text(completion), confidence_tag, lenient)
             rewards.append(0.0 if confidence is None else 1.0 - (label - confidence) ** 2)
         return rewards

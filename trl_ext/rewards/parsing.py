@@ -115,16 +115,17 @@ def parse_confidence(text: Any) -> float | None:
     return value
 
 
-# A number not glued to letters or other digits, with an optional percent sign (lenient extraction only).
-_LOOSE_NUMBER_RE = re.compile(r"(?<![\w.])([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(\s*%)?(?![\w])")
+# A number not glued to letters or other digits, with its sign and an optional percent sign (lenient extraction
+# only). A minus after a letter or digit ("x-1", "60-70%") is a hyphen, not a sign.
+_LOOSE_NUMBER_RE = re.compile(r"(?<![\w.])([+-]?(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+))(\s*%)?(?![\w])")
 _MAX_LENIENT_CHARS = 20_000
 
 
 def extract_answer(text: Any, tag: str, lenient: bool = False) -> str | None:
-    """The content of the last `<tag>…</tag>`; with `lenient`, else the last number in the text.
+    """The content of the last `<tag>…</tag>`; with `lenient`, else the last number in the text, with its sign.
 
     Lenient extraction is for models too small to follow a tag format (the embedded 135M default): "The answer is
-    7." yields "7". Strict extraction is the RLCR format contract.
+    7." yields "7", "It is -7" yields "-7". Strict extraction is the RLCR format contract.
     """
     answer = extract_tag(text, tag)
     if answer or not lenient or not isinstance(text, str) or len(text) > _MAX_LENIENT_CHARS:
@@ -135,7 +136,8 @@ def extract_answer(text: Any, tag: str, lenient: bool = False) -> str | None:
 
 def extract_confidence(text: Any, tag: str, lenient: bool = False) -> float | None:
     """The confidence in the last `<tag>…</tag>` (see `parse_confidence`); with `lenient`, else the first number
-    or percentage in the text that is a valid confidence ("I am 70% sure" -> 0.7)."""
+    or percentage in the text that is a valid confidence ("I am 70% sure" -> 0.7). A signed number is none
+    ("confidence: -0.5" is not read as 0.5)."""
     confidence = parse_confidence(extract_tag(text, tag))
     if confidence is not None or not lenient or not isinstance(text, str) or len(text) > _MAX_LENIENT_CHARS:
         return confidence
@@ -163,29 +165,50 @@ def _canonical_number(text: str) -> str:
     return result
 
 
-def _unwrap_boxed(text: str) -> str:
-    r"""Content of `\boxed{...}` if the whole string is one balanced box, else `text`."""
-    prefix = "\\boxed{"
-    if not (text.startswith(prefix) and text.endswith("}")):
-        return text
-    depth = 0
-    for index in range(len(prefix) - 1, len(text)):
-        char = text[index]
+_BOXED = "\\boxed{"
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Index of each `{` -> index of the `}` that closes it (unclosed ones are absent), in one pass."""
+    closing, stack = {}, []
+    for index, char in enumerate(text):
         if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                # The box must close at the very end, otherwise this is e.g. "\boxed{1}+\boxed{2}".
-                return text[len(prefix) : -1].strip() if index == len(text) - 1 else text
-    return text
+            stack.append(index)
+        elif char == "}" and stack:
+            closing[stack.pop()] = index
+    return closing
 
 
-def _strip_dollars(text: str) -> str:
-    for delimiter in ("$$", "$"):
-        if len(text) >= 2 * len(delimiter) and text.startswith(delimiter) and text.endswith(delimiter):
-            return text[len(delimiter) : -len(delimiter)].strip()
-    return text
+def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def _strip_wrappers(text: str) -> str:
+    r"""`text` without surrounding whitespace, `$`/`$$`, `\boxed{...}` (only when one balanced box is the whole
+    string, not e.g. `\boxed{1}+\boxed{2}`) and trailing periods, peeled in any order and nesting.
+
+    Works on indices into the original string with the braces matched once up front, so deep nesting stays linear
+    (slicing and rescanning per layer is quadratic in the depth).
+    """
+    closing = _closing_braces(text)
+    start, end = _trimmed(text, 0, len(text))
+    while True:
+        before = (start, end)
+        for delimiter in ("$$", "$"):
+            size = len(delimiter)
+            if end - start >= 2 * size and text.startswith(delimiter, start) and text.endswith(delimiter, start, end):
+                start, end = _trimmed(text, start + size, end - size)
+                break
+        if text.startswith(_BOXED, start, end) and closing.get(start + len(_BOXED) - 1) == end - 1:
+            start, end = _trimmed(text, start + len(_BOXED), end - 1)
+        if end > start and text[end - 1] == ".":
+            end = _trimmed(text, start, end - 1)[1]
+        if (start, end) == before:
+            return text[start:end]
 
 
 def normalize_answer(text: Any) -> str:
@@ -198,15 +221,7 @@ def normalize_answer(text: Any) -> str:
     if not isinstance(text, str):
         return ""
     try:
-        result = text.strip()
-        previous = None
-        while result != previous:  # each pass removes at least one character, so this ends
-            previous = result
-            result = _strip_dollars(result)
-            result = _unwrap_boxed(result)
-            if result.endswith("."):
-                result = result[:-1].rstrip()
-        result = _WHITESPACE_RE.sub(" ", result.lower())
+        result = _WHITESPACE_RE.sub(" ", _strip_wrappers(text).lower())
         result = _THOUSANDS_RE.sub(lambda match: match.group(0).replace(",", ""), result)
         return _canonical_number(result)
     except Exception:

@@ -4,7 +4,8 @@ sympy can hang, or exhaust memory, on adversarial model output ("9**9**9**9", "(
 timeouts rely on SIGALRM, which only works on the main thread and cannot interrupt one long big-integer operation.
 So math_verify runs in a persistent worker process (`_verify_worker.py`) with a memory limit; the parent waits for
 each pair with a hard wall-clock timeout and kills the worker when it runs over (or crashes). The pair then counts as
-not verified, and a fresh worker starts on the next call.
+not verified, and a fresh worker starts on the next call. A whole batch also has a deadline, so that hostile answers
+cannot queue timeout after timeout: pairs math_verify has no time left for keep their exact-match verdict.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from typing import Any
 from .parsing import normalize_answer
 
 
-__all__ = ["verify_answer", "verify_answers"]
+__all__ = ["verify_answer", "verify_answers", "verify_answers_counted"]
 
 logger = logging.getLogger(__name__)
 
 # Hard wall-clock limit (seconds) for math_verify on one pair, after which the worker is killed.
 VERIFY_TIMEOUT_S = float(os.environ.get("TRL_EXT_VERIFY_TIMEOUT_S", "5"))
+# Wall-clock limit (seconds) for math_verify on a whole batch; pairs left when it runs out are not verified.
+VERIFY_BATCH_TIMEOUT_S = float(os.environ.get("TRL_EXT_VERIFY_BATCH_TIMEOUT_S", "10"))
 # Address-space limit of the worker (Linux; best effort elsewhere).
 VERIFY_MEMORY_BYTES = int(os.environ.get("TRL_EXT_VERIFY_MEMORY_BYTES", str(2 * 1024**3)))
 # How long a fresh worker may take to import math_verify and sympy (slow on a loaded machine).
@@ -68,8 +71,8 @@ class _Worker:
             self.kill()  # no orphan, whatever went wrong
             raise
 
-    def read_result(self, timeout_s: float) -> bool:
-        """The next `true`/`false` line; raises `_WorkerFailed` (after killing the worker) if none comes in time."""
+    def read_result(self, timeout_s: float) -> bool | None:
+        """The next `true`/`false`/`null` line; raises `_WorkerFailed` (after killing the worker) if none comes in time."""
         deadline = time.monotonic() + timeout_s
         stdout = self.process.stdout.fileno()
         while b"\n" not in self._buffer:
@@ -165,11 +168,14 @@ def _shutdown() -> None:
 atexit.register(_shutdown)
 
 
-def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool]:
-    """math_verify's verdict for each pair; a pair that times out or crashes the worker counts as False."""
-    results: list[bool] = []
+def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool | None]:
+    """math_verify's verdict for each pair; a pair that times out or crashes the worker counts as False, and a pair
+    left when the batch deadline (`VERIFY_BATCH_TIMEOUT_S`) has passed is `None` (not verified)."""
+    results: list[bool | None] = []
+    deadline = time.monotonic() + VERIFY_BATCH_TIMEOUT_S
+    slack = 0.2 * VERIFY_TIMEOUT_S
     with _lock:
-        while len(results) < len(pairs):
+        while len(results) < len(pairs) and time.monotonic() < deadline:
             worker = None
             try:
                 worker = _get_worker()
@@ -177,9 +183,13 @@ def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool]:
                     break
                 # The worker interrupts a pair itself (SIGALRM) a little before the hard timeout, so that the common
                 # slow case returns cleanly and only uninterruptible work (one huge big-integer operation) is killed.
-                worker.send({"budget_s": 0.8 * VERIFY_TIMEOUT_S, "pairs": pairs[len(results) :]})
+                # It also answers `null` for the pairs it reaches after the batch's time is up.
+                worker.send({"budget_s": 0.8 * VERIFY_TIMEOUT_S, "total_s": deadline - time.monotonic() - slack,
+                             "pairs": pairs[len(results) :]})
                 while len(results) < len(pairs):
-                    results.append(bool(worker.read_result(VERIFY_TIMEOUT_S)))
+                    timeout = min(VERIFY_TIMEOUT_S, max(deadline - time.monotonic(), 0.0) + slack)
+                    verdict = worker.read_result(timeout)
+                    results.append(None if verdict is None else bool(verdict))
             except Exception as error:  # _WorkerFailed, or an unexpected failure (spawn error, garbled reply)
                 logger.warning("math_verify worker failed (%s); answer counted as not verified", error)
                 _discard_worker()
@@ -192,7 +202,12 @@ def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool]:
                 # to the next request.
                 _discard_worker()
                 raise
-    return results + [False] * (len(pairs) - len(results))
+    left = len(pairs) - len(results)
+    if left and time.monotonic() >= deadline:
+        logger.warning("math_verify: batch deadline (%g s) reached, %d answers compared by exact match only",
+                       VERIFY_BATCH_TIMEOUT_S, left)
+        return results + [None] * left
+    return results + [False] * left  # no worker: exact match only
 
 
 def _as_text(value: Any) -> str:
@@ -204,7 +219,14 @@ def _as_text(value: Any) -> str:
 
 def verify_answers(pairs: Iterable[tuple[Any, Any]]) -> list[bool]:
     """`verify_answer(gold, prediction)` for each pair, with one round trip to the worker for the whole batch."""
+    return verify_answers_counted(pairs)[0]
+
+
+def verify_answers_counted(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[bool], int]:
+    """`verify_answers`, and how many pairs math_verify had no time for within the batch deadline
+    (`VERIFY_BATCH_TIMEOUT_S`, env `TRL_EXT_VERIFY_BATCH_TIMEOUT_S`): those keep their exact-match verdict."""
     pairs = [(_as_text(gold), _as_text(prediction)) for gold, prediction in pairs]
+    unverified = 0
     try:
         results = []
         pending = []  # indices of pairs that need math_verify
@@ -217,11 +239,14 @@ def verify_answers(pairs: Iterable[tuple[Any, Any]]) -> list[bool]:
             if not results[-1] and len(gold) <= MAX_VERIFY_CHARS and len(prediction) <= MAX_VERIFY_CHARS:
                 pending.append(index)
         for index, verified in zip(pending, _math_verify_batch([pairs[index] for index in pending])):
-            results[index] = verified
-        return results
+            if verified is None:
+                unverified += 1
+            else:
+                results[index] = verified
+        return results, unverified
     except Exception:
         logger.warning("answer verification failed", exc_info=True)
-        return [False] * len(pairs)
+        return [False] * len(pairs), unverified
 
 
 def verify_answer(gold: Any, prediction: Any) -> bool:
