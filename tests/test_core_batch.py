@@ -18,6 +18,20 @@ def test_prompt_level_normalize_by_hand():
         group_advantages(values, group_size=3)
 
 
+def test_not_applicable_rewards_stay_out_of_the_statistics():
+    # NaN (TRL's None: e.g. confidences of an answer without a gold answer) takes no part in mean or std and gets 0.
+    nan = float("nan")
+    values = torch.tensor([1.0, nan, 0.0, 0.5, nan, nan, nan, nan])
+    out = group_advantages(values, group_size=4)
+    # mean of (1, 0, 0.5) = 0.5; unbiased std = sqrt((0.25 + 0.25 + 0) / 2) = 0.5
+    torch.testing.assert_close(out[:4], torch.tensor([0.5, 0.0, -0.5, 0.0]) / (0.5 + 1e-4))
+    assert out[4:].tolist() == [0.0] * 4  # a group with nothing scored
+    torch.testing.assert_close(group_advantages(values, 4, "none")[:4], torch.tensor([0.5, 0.0, -0.5, 0.0]))
+    torch.testing.assert_close(group_advantages(values, 4, "batch")[:4],
+                               torch.tensor([0.5, 0.0, -0.5, 0.0]) / (0.5 + 1e-4))
+    assert not torch.isnan(group_advantages(torch.full((4,), nan), 2, "batch")).any()
+
+
 def test_concat_pads_prompts_left_and_completions_right():
     a = {"prompt_ids": torch.tensor([[5, 6]]), "prompt_mask": torch.tensor([[1, 1]]),
          "completion_ids": torch.tensor([[7, 8, 9]]), "completion_mask": torch.tensor([[1, 1, 1]]),

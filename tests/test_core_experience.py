@@ -55,6 +55,14 @@ def test_retire_when_every_rollout_succeeds_and_return_when_failed_again():
     assert list(m.retired) == [] and m.task2bucket == {"a": 1}
 
 
+def test_a_group_without_judged_rollouts_leaves_its_task_alone():
+    # No gold answer: 0 successes out of 0 judged rollouts must not read as "solved every time" (retired).
+    m = ExperienceManager(num_generations=4)
+    m.update([GroupOutcome("a", 2, 4, [traj("a", 0.3)])], step=0)
+    m.update([GroupOutcome("a", 0, 0), GroupOutcome("b", 0, 0)], step=1)
+    assert m.task2bucket == {"a": 2} and m.retired == {} and m.num_trajectories == 1
+
+
 def test_collection_window_is_strict_on_both_bounds():
     m = ExperienceManager(num_generations=4, experience_lbound=1, experience_rbound=3)
     outcomes = [GroupOutcome(t, s, 4, [traj(t, 0.1)]) for t, s in [("one", 1), ("two", 2), ("three", 3)]]

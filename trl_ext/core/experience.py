@@ -151,8 +151,11 @@ class ExperienceManager:
 
     # ----------------------------------------------------------------------------------------------- updates
     def update(self, outcomes: list[GroupOutcome], step: int) -> None:
-        """Apply one generation batch's on-policy outcomes, in order: buckets, retire/un-retire, collection, budget."""
+        """Apply one generation batch's on-policy outcomes, in order: buckets, retire/un-retire, collection, budget.
+        An outcome without judged rollouts (no gold answer) says nothing about its task and is skipped."""
         for outcome in outcomes:
+            if outcome.num_rollouts == 0:
+                continue
             self.observe(outcome.task_id, outcome.successes, outcome.num_rollouts)
             if outcome.candidates and self.collects(outcome.successes, outcome.num_rollouts):
                 self.collect(outcome.task_id, outcome.candidates, outcome.prompt_ids, outcome.example)

@@ -48,6 +48,7 @@ from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..rewards.parsing import completion_text
 from ..tasks.base import tagged_question_parser, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
+from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .scoping import scoped_call
 
@@ -484,6 +485,7 @@ def _check_dataset(dataset, split):
     """Fail at init, naming the column: seed prompts are conversations the proposer continues."""
     if dataset is None:
         return
+    check_not_empty(dataset, split)
     for ds in dataset.values() if isinstance(dataset, dict) else [dataset]:
         columns = getattr(ds, "column_names", None)
         if columns is None:

@@ -33,6 +33,7 @@ from ..core.experience import (
     task_id_of,
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
+from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .scoping import scoped_call
@@ -139,6 +140,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         for unsupported in ("tools", "rollout_func", "environment_factory"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(f"ReplayGRPOTrainer replays single-turn completions; `{unsupported}` is not supported.")
+        for split in ("train_dataset", "eval_dataset"):
+            check_not_empty(kwargs.get(split), split)
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
 
         if args.success_reward is None:
@@ -242,11 +245,12 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         if not (capture and capture[0] is output.get("old_per_token_logps")):
             capture = []  # TRL computed no old log-probs; the forward caught, if any, was the reference model's
         success = self._success(self._last_rewards_per_func)
-        fresh = ~torch.tensor(plan.global_stored, device=success.device)
+        scored = self._scored(self._last_rewards_per_func)
+        fresh = ~torch.tensor(plan.global_stored, device=success.device) & scored
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
         logps, entropies = capture if capture else (None, None)
 
-        outcomes, wanted = self._group_outcomes(plan, success)
+        outcomes, wanted = self._group_outcomes(plan, success, scored)
         local = [i - plan.offset for i in wanted if plan.offset <= i < plan.offset + len(plan.local_inputs)]
         records = {plan.offset + i: self._local_record(plan, output, i) for i in local}
         records = {row: record for row, record in records.items() if record is not None}
@@ -352,13 +356,17 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         target = torch.full_like(values, self.args.success_value)
         return torch.isclose(values, target) & ~torch.isnan(values)
 
-    def _group_outcomes(self, plan: ReplayPlan, success) -> tuple[list[GroupOutcome], list[int]]:
-        """Per group of the gathered batch, its fresh successes; and the gathered rows to store: the successful fresh
-        rollouts of tasks in the collection window."""
+    def _scored(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """Rows the success reward could judge: `None` (NaN, e.g. no gold answer) is neither success nor failure."""
+        return ~torch.isnan(rewards_per_func[:, self._success_index])
+
+    def _group_outcomes(self, plan: ReplayPlan, success, scored) -> tuple[list[GroupOutcome], list[int]]:
+        """Per group of the gathered batch, its fresh successes among its judged rollouts; and the gathered rows to
+        store: the successful fresh rollouts of tasks in the collection window."""
         n = self.num_generations
         outcomes, wanted = [], []
         for g, task in enumerate(plan.group_tasks):
-            rows = [i for i in range(g * n, (g + 1) * n) if not plan.global_stored[i]]
+            rows = [i for i in range(g * n, (g + 1) * n) if not plan.global_stored[i] and scored[i]]
             wins = [i for i in rows if success[i]]
             outcomes.append(GroupOutcome(task, len(wins), len(rows)))
             if self.experience.collects(len(wins), len(rows)):

@@ -31,6 +31,7 @@ from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
+from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .scoping import scoped_call
@@ -253,7 +254,8 @@ class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
         prompt_ids, answer_ids = self._last_generation
         rewards = self._last_rewards_per_func
         local = self._local_slice(len(inputs))
-        correct = rewards[local, 0].clamp(0, 1).round().tolist()  # accuracy is reward function 0
+        # Accuracy is reward function 0. NaN: the row had no gold answer, so its confidences get no label (no Brier).
+        correct = [None if math.isnan(c) else c for c in rewards[local, 0].clamp(0, 1).round().tolist()]
 
         # Turn 2: for each answer, G_c confidences in one generation call on token-concatenated prompts.
         turn2_inputs, turn2_prompt_ids = [], []
@@ -280,7 +282,8 @@ class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
         answers["advantages"] = answers["advantages"] * args.lambda_ans
         conf_adv = confidences["advantages"]
         if args.confidence_normalization == "answer_then_prompt":
-            gathered = self.accelerator.gather(conf_adv)
+            gathered = self.accelerator.gather(conf_adv).clone()
+            gathered[torch.isnan(brier.to(gathered.device))] = math.nan  # unlabelled rows stay out, and at 0
             conf_adv = group_advantages(gathered, g_a * g_c)[self._local_slice(len(turn2_inputs))]
         confidences["advantages"] = conf_adv * args.lambda_conf
 
@@ -332,22 +335,29 @@ class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
         conf = self.accelerator.gather(local_conf).cpu()
         format_ok = self.accelerator.gather(torch.tensor(answer_closed, dtype=torch.float32, device=device)).cpu()
 
+        # NaN rewards are "not applicable" (no gold answer): left out of every mean, as TRL's own reward metrics do.
         accuracy = answer_rewards[:, 0].cpu()
-        answer_reward = (answer_rewards * self.reward_weights.to(answer_rewards.device)).nansum(dim=1).cpu()
+        scored = ~torch.isnan(answer_rewards).all(dim=1).cpu()
+        answer_reward = (answer_rewards * self.reward_weights.to(answer_rewards.device)).nansum(dim=1).cpu()[scored]
         brier = brier.cpu()
+        brier = brier[~torch.isnan(brier)]
         labels = accuracy.repeat_interleave(g_c)
         parsed = ~torch.isnan(conf)
+        judged = parsed & ~torch.isnan(labels)
 
         m = self._metrics[mode]
-        m["answer/accuracy"].append(accuracy.mean().item())
-        m["answer/reward_mean"].append(answer_reward.mean().item())
-        m["answer/reward_std"].append(answer_reward.std().item() if answer_reward.numel() > 1 else 0.0)
+        if (~torch.isnan(accuracy)).any():
+            m["answer/accuracy"].append(accuracy.nanmean().item())
+        if answer_reward.numel():
+            m["answer/reward_mean"].append(answer_reward.mean().item())
+            m["answer/reward_std"].append(answer_reward.std().item() if answer_reward.numel() > 1 else 0.0)
         m["answer/format_fail_rate"].append(1.0 - format_ok.mean().item())
-        m["confidence/brier_reward_mean"].append(brier.mean().item())
-        m["confidence/brier_reward_std"].append(brier.std().item() if brier.numel() > 1 else 0.0)
+        if brier.numel():
+            m["confidence/brier_reward_mean"].append(brier.mean().item())
+            m["confidence/brier_reward_std"].append(brier.std().item() if brier.numel() > 1 else 0.0)
         m["confidence/parse_fail_rate"].append(1.0 - parsed.float().mean().item())
-        if parsed.any():
-            report = calibration_report(conf[parsed].tolist(), labels[parsed].tolist())
+        if judged.any():
+            report = calibration_report(conf[judged].tolist(), labels[judged].tolist())
             m["confidence/mean"].append(report.mean_confidence)
             m["calibration/ece"].append(report.ece)
             m["calibration/brier"].append(report.brier)
@@ -387,6 +397,7 @@ def _check_dataset(dataset, split, solution_column):
     """Fail at init, naming the column, rather than at the first reward call."""
     if dataset is None:
         return
+    check_not_empty(dataset, split)
     datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
     for ds in datasets:
         columns = getattr(ds, "column_names", None)
