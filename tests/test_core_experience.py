@@ -61,6 +61,7 @@ def test_a_group_without_judged_rollouts_leaves_its_task_alone():
     m.update([GroupOutcome("a", 2, 4, [traj("a", 0.3)])], step=0)
     m.update([GroupOutcome("a", 0, 0), GroupOutcome("b", 0, 0)], step=1)
     assert m.task2bucket == {"a": 2} and m.retired == {} and m.num_trajectories == 1
+    assert not m.collects(0, 0)
 
 
 def test_collection_window_is_strict_on_both_bounds():

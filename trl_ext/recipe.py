@@ -7,6 +7,7 @@ model and no config it runs the embedded default on CPU from a YAML shipped next
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -19,7 +20,10 @@ from datasets import Dataset, load_dataset
 from trl import ScriptArguments
 
 from .default_model import default_model_path
+from .rewards.functions import is_missing
 
+
+logger = logging.getLogger(__name__)
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -35,11 +39,14 @@ class RecipeScriptArguments(ScriptArguments):
             Column holding the question text, turned into a conversational `prompt`. Ignored when the dataset
             already has a conversational `prompt` column.
         answer_column (`str`, *optional*, defaults to `"answer"`):
-            Column holding the gold answer, copied to `solution` (TRL's convention) when that column is absent.
+            Column holding the gold answer, copied to `solution` (TRL's convention) when that column is absent. A
+            missing answer (null, NaN, blank cell) stays `None`: the row is not scored (never as wrong), and the
+            loader reports how many rows lack one.
         answer_delimiter (`str`, *optional*):
             Keep only the text after the last occurrence of this delimiter in the answer column (GSM8K: `"####"`).
         system_prompt (`str`, *optional*):
-            System message put before each question (defaults to the recipe's answer-format instructions).
+            System message put before each question, or before a plain-text `prompt` (defaults to the recipe's
+            answer-format instructions). A conversational `prompt` is kept as it is.
         num_train_samples (`int`, *optional*):
             Use at most this many training rows (all when unset; the built-in dataset needs a number).
         num_eval_samples (`int`, *optional*, defaults to `64`):
@@ -176,10 +183,19 @@ def load_recipe_dataset(
     when the answer column exists.
 
     The eval split is `--dataset_test_split` when the dataset has it, else the last `num_eval_samples` training rows
-    are held out. Returns `(train, None)` if neither source is given (the recipe then uses its built-in data).
+    are held out. Returns `(None, None)` if neither source is given (the recipe then uses its built-in data).
+
+    Rows without a question are left out (and counted in a warning); rows without a gold answer keep `solution=None`
+    (counted in a warning). An empty training set, a malformed data file (named with its line) and
+    `--num_train_samples` below 1 raise `ValueError`.
     """
     if script_args.dataset_name and script_args.dataset_path:
         raise ValueError("Give either --dataset_name (Hub) or --dataset_path (local file), not both.")
+    if script_args.num_train_samples is not None and script_args.num_train_samples < 1:
+        raise ValueError(
+            f"--num_train_samples must be at least 1 (got {script_args.num_train_samples}); leave it unset to use "
+            "every row."
+        )
     if script_args.dataset_path:
         suffix = Path(script_args.dataset_path).suffix.lower()
         if suffix not in LOCAL_FORMATS:
@@ -187,7 +203,7 @@ def load_recipe_dataset(
                 f"--dataset_path {script_args.dataset_path!r}: unsupported extension {suffix!r}; use one of "
                 f"{sorted(LOCAL_FORMATS)}."
             )
-        splits = {"train": load_dataset(LOCAL_FORMATS[suffix], data_files=script_args.dataset_path, split="train")}
+        splits = {"train": _load_local(script_args.dataset_path, suffix)}
     elif script_args.dataset_name:
         splits = load_dataset(script_args.dataset_name, script_args.dataset_config)
     else:
@@ -204,9 +220,74 @@ def load_recipe_dataset(
     if script_args.num_train_samples is not None:
         train = train.select(range(min(script_args.num_train_samples, len(train))))
     prepare = _column_mapper(script_args, system_prompt, train.column_names, require_answer)
-    train = train.map(prepare)
-    evaluation = evaluation.map(prepare) if evaluation is not None else None
+    train = _prepared(train, prepare, script_args, "training")
+    evaluation = _prepared(evaluation, prepare, script_args, "evaluation") if evaluation is not None else None
+    if evaluation is not None and len(evaluation) == 0:
+        evaluation = None
+    if len(train) == 0:
+        source = script_args.dataset_path or script_args.dataset_name
+        raise ValueError(
+            f"The dataset {source!r} has no training rows (split {script_args.dataset_train_split!r}, after holding "
+            "out evaluation rows and dropping rows without a question); check the file, the split and "
+            "--question_column."
+        )
     return train, evaluation
+
+
+def _load_local(path: str, suffix: str) -> Dataset:
+    """`load_dataset` on a local file; a malformed JSON file fails naming the file and the line."""
+    try:
+        return load_dataset(LOCAL_FORMATS[suffix], data_files=path, split="train")
+    except Exception as error:
+        if not Path(path).read_bytes().strip():
+            located = "the file is empty"
+        else:
+            located = _json_error(path) if LOCAL_FORMATS[suffix] == "json" else None
+        if located is None:
+            raise
+        raise ValueError(f"--dataset_path {path}: {located}") from error
+
+
+def _json_error(path: str) -> str | None:
+    """Where a JSON file (one document, or one object per line) is malformed: "line N: reason", else `None`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        return f"not UTF-8 text ({error})"
+    if text.lstrip().startswith("["):  # one document: its parser knows the line
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            return f"line {error.lineno}: not valid JSON ({error.msg})"
+        return None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            return f"line {number}: not valid JSON ({error.msg}, column {error.colno}); one JSON object per line"
+        if not isinstance(row, dict):
+            return f"line {number}: expected a JSON object per line, got {type(row).__name__}"
+    return None
+
+
+def _prepared(dataset: Dataset, prepare, script_args: RecipeScriptArguments, name: str) -> Dataset:
+    """`dataset` mapped to `prompt`/`solution`, rows without a question left out; both counts are reported."""
+    question = None if "prompt" in dataset.column_names else script_args.question_column
+    prompts = dataset["prompt"] if question is None else dataset[question]
+    keep = [i for i, value in enumerate(prompts) if not is_missing(value)]
+    if len(keep) < len(dataset):
+        logger.warning("%d of %d %s rows have no question (%r) and are left out.", len(dataset) - len(keep),
+                       len(dataset), name, question or "prompt")
+        dataset = dataset.select(keep)
+    dataset = dataset.map(prepare)
+    if "solution" in dataset.column_names:
+        missing = sum(is_missing(value) for value in dataset["solution"])
+        if missing:
+            logger.warning("%d of %d %s rows have no gold answer: they are not scored (reward None, never 0).",
+                           missing, len(dataset), name)
+    return dataset
 
 
 def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str],
@@ -232,11 +313,18 @@ def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None
                 prompt.insert(0, {"role": "system", "content": system_prompt})
             out["prompt"] = prompt
         elif isinstance(row["prompt"], str):
-            out["prompt"] = [{"role": "user", "content": row["prompt"]}]
+            prompt = [{"role": "user", "content": row["prompt"]}]
+            if system_prompt:
+                prompt.insert(0, {"role": "system", "content": system_prompt})
+            out["prompt"] = prompt
         if not has_solution:
-            answer = str(row[script_args.answer_column])
-            if script_args.answer_delimiter and script_args.answer_delimiter in answer:
-                answer = answer.rsplit(script_args.answer_delimiter, 1)[1].strip()
+            answer = row[script_args.answer_column]
+            if is_missing(answer):
+                answer = None  # never the text "None" or "nan", which a model could match
+            else:
+                answer = str(answer)
+                if script_args.answer_delimiter and script_args.answer_delimiter in answer:
+                    answer = answer.rsplit(script_args.answer_delimiter, 1)[1].strip() or None
             out["solution"] = answer
         return out
 

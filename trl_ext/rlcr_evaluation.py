@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from .calibration import CalibrationReport, calibration_report
 from .core.turns import follow_up_turn
 from .rewards import extract_answer, extract_confidence
+from .rewards.functions import is_missing
 from .rewards.verify import verify_answer
 
 
@@ -27,6 +28,8 @@ class CalibrationEvaluation:
     """Accuracy over all rows (the report's accuracy only covers rows with a parsable confidence)."""
     confidence_parse_fail_rate: float
     rows: list[dict] = field(default_factory=list)
+    num_missing_gold: int = 0
+    """Rows left out because they have no gold answer to judge against (`None`, NaN, blank)."""
 
     def to_dict(self) -> dict:
         return {
@@ -34,6 +37,7 @@ class CalibrationEvaluation:
             "accuracy_all": self.accuracy,
             "confidence_parse_fail_rate": self.confidence_parse_fail_rate,
             "num_rows": len(self.rows),
+            "num_missing_gold": self.num_missing_gold,
         }
 
 
@@ -70,7 +74,13 @@ def evaluate_calibration(
         args: An [`RLCRMultiTurnConfig`] (tags, confidence prompt, generation lengths, chat template kwargs).
         batch_size: Prompts per generation batch.
         accuracy_func: `f(gold, prediction) -> bool`, as in training.
+
+    Rows without a gold answer are not evaluated (they would count as wrong); `num_missing_gold` counts them.
     """
+    judged = [i for i, gold in enumerate(dataset[args.solution_column]) if not is_missing(gold)]
+    num_missing_gold = len(dataset) - len(judged)
+    if num_missing_gold:
+        dataset = dataset.select(judged)
     was_training = model.training
     model.eval()
     turn = follow_up_turn(tokenizer, args.confidence_prompt, [tokenizer.eos_token_id], **(args.chat_template_kwargs or {}))
@@ -107,4 +117,5 @@ def evaluate_calibration(
         accuracy=sum(r["correct"] for r in rows) / n,
         confidence_parse_fail_rate=1 - len(parsed) / n,
         rows=rows,
+        num_missing_gold=num_missing_gold,
     )

@@ -164,8 +164,10 @@ class ExperienceManager:
     def collects(self, successes: int, num_rollouts: int) -> bool:
         """Whether a group with these fresh successes has a rollout kept: inside the collection window, and not
         solved every time (that retires the task)."""
+        if not successes < num_rollouts:  # also a group with no judged rollouts
+            return False
         bucket = success_bucket(successes, num_rollouts, self.num_generations)
-        return successes < num_rollouts and self.lbound < bucket < self.rbound
+        return self.lbound < bucket < self.rbound
 
     def observe(self, task_id: str, successes: int, num_rollouts: int) -> None:
         """Move the task to the bucket of its latest success count; retire it if every rollout succeeded."""

@@ -8,18 +8,15 @@ applicable"); nothing about the model's output can make them raise.
 
 from __future__ import annotations
 
-import logging
 import math
 import numbers
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..user_calls import UserCallGuard
 from .parsing import completion_text, extract_answer, extract_confidence, parse_confidence
 from .verify import verify_answer, verify_answers_counted
-
-
-logger = logging.getLogger(__name__)
 
 
 __all__ = [
@@ -90,27 +87,6 @@ def _log_metric(kwargs: dict[str, Any], name: str, value: float) -> None:
         log_metric(name, value)
 
 
-class _FirstErrorLogger:
-    """Logs the first exception a user callable raises, with its traceback, once; counts every failure."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.logged = False
-
-    def __call__(self, func: Callable, *args: Any) -> tuple[Any, bool]:
-        """`(func(*args), True)`, or `(None, False)` when it raised."""
-        try:
-            return func(*args), True
-        except Exception:
-            if not self.logged:
-                self.logged = True
-                logger.exception(
-                    "%s raised; the row is scored as not applicable (None) and `errors/%s_rate` counts it. Only "
-                    "this first traceback is logged.", self.name, self.name,
-                )
-            return None, False
-
-
 def make_accuracy_reward(
     answer_tag: str = "answer",
     solution_column: str = "solution",
@@ -131,7 +107,7 @@ def make_accuracy_reward(
     had no time left for in the batch, compared by exact match only; the default `accuracy_func` only).
     """
     _tag_names_ok(answer_tag)
-    call_user = _FirstErrorLogger("accuracy_func")
+    call_user = UserCallGuard("accuracy_func", "the row is scored None (not applicable)", "errors/accuracy_func_rate")
 
     def compare(gold: Any, answer: str) -> bool:
         return bool(accuracy_func(_gold_text(gold), answer))

@@ -152,6 +152,7 @@ def make_question_parser(tag: str = "question", lenient: bool = False):
         expression = " ".join(expression.translate(_SYMBOLS).split())
         return {"question": f"What is {expression}?", "expression": expression, "solution": gold}
 
+    parse_question.question_fields = frozenset({"question", "expression", "solution"})
     return parse_question
 
 

@@ -8,6 +8,8 @@ safety/completion judges) plugs in by building a `TaskFamily` with its own parse
 from __future__ import annotations
 
 import json
+import re
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +32,9 @@ class TaskFamily:
         name: Short name (logs, model card).
         parse_question: `f(proposal_text) -> dict | None`. `None` marks an invalid proposal (no solver work is spent on
             it); a dict's fields reach the reward functions as columns (e.g. `question` and the gold `solution`).
-            Called on raw model output: it must never raise.
+            Called on raw model output: it must never raise. A parser whose questions always have the same fields
+            may list them in a `question_fields` attribute, so that a `solver_prompt_template` naming another field
+            fails at init.
         solver_prompt_fn: `f(question_fields, seed_row) -> conversation` the solver answers.
         reward_funcs: Solver reward functions in TRL's signature; their `__name__`s are the names that
             `learnability_criteria` refer to.
@@ -88,6 +92,22 @@ def _json_fields(text: str | None) -> dict[str, Any] | None:
     if isinstance(fields, dict) and isinstance(fields.get("question"), str) and fields["question"].strip():
         return fields
     return None
+
+
+def template_fields(template: str) -> frozenset[str]:
+    """The question fields a `str.format` template names (`"{question} ({hint.text})"` -> `{"question", "hint"}`);
+    `ValueError` naming `solver_prompt_template` for a malformed template or a positional field."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as error:
+        raise ValueError(f"solver_prompt_template {template!r} is not a valid format string: {error}.") from None
+    roots = {re.split(r"[.\[]", name, maxsplit=1)[0] for name in names}
+    if any(not root or root.isdigit() for root in roots):
+        raise ValueError(
+            f"solver_prompt_template {template!r} has a positional field ('{{}}' or '{{0}}'); name the question "
+            "field, such as '{question}'."
+        )
+    return frozenset(roots)
 
 
 def template_solver_prompt(template: str = "{question}", system_prompt: str | None = None) -> SolverPromptFn:

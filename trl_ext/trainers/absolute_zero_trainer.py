@@ -23,6 +23,7 @@ environments are live, and the final batch replays those recorded scores with th
 
 from __future__ import annotations
 
+import logging
 import random
 import textwrap
 from collections import defaultdict
@@ -46,12 +47,15 @@ from ..core.learnability import (
 )
 from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..rewards.parsing import completion_text
-from ..tasks.base import tagged_question_parser, template_solver_prompt
+from ..tasks.base import tagged_question_parser, template_fields, template_solver_prompt
+from ..user_calls import UserCallGuard
 from .absolute_zero_config import AbsoluteZeroConfig
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .scoping import scoped_call
 
+
+logger = logging.getLogger(__name__)
 
 SOLVER, PROPOSER = 0, 1
 # Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces), and
@@ -104,9 +108,13 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
             are what `learnability_criteria` refer to. May be omitted when the environment defines `get_reward`.
         args: An [`AbsoluteZeroConfig`].
         parse_question: `f(proposal_text) -> dict | None`; `None` marks an invalid proposal. Defaults to the content
-            of `<question_tag>` as `{"question": ...}`. An exception counts as an invalid proposal.
+            of `<question_tag>` as `{"question": ...}`. An exception counts as an invalid proposal: its first
+            traceback is logged once, and `errors/parse_question` counts them per step.
         solver_prompt_fn: `f(question_fields, seed_row) -> conversation`. Defaults to `solver_prompt_template` (and
-            `solver_system_prompt`) formatted with the question's fields.
+            `solver_system_prompt`) formatted with the question's fields; a template field that the parser declares
+            it never produces (`parse_question.question_fields`) fails at init, one a question lacks renders empty
+            with a one-time warning naming it (`warnings/solver_prompt_missing_fields` counts such questions). An
+            exception makes the question invalid (first traceback logged once, `errors/solver_prompt_fn` counts).
         **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset`,
             `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
             [`~trl.GRPOTrainer`]; `tools` and `environment_factory` (a callable or a dict of them, as
@@ -164,6 +172,20 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
         self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
             args.solver_prompt_template, args.solver_system_prompt
         )
+        self._calls = {
+            "parse_question": UserCallGuard("parse_question", "the proposal counts as invalid"),
+            "solver_prompt_fn": UserCallGuard("solver_prompt_fn", "the question counts as invalid"),
+        }
+        # The template's fields, to warn about those a question lacks (None: a custom solver_prompt_fn).
+        self._template_fields = None if solver_prompt_fn is not None else template_fields(args.solver_prompt_template)
+        known = getattr(self.parse_question, "question_fields", None)
+        if self._template_fields is not None and known is not None and not self._template_fields <= set(known):
+            raise ValueError(
+                f"solver_prompt_template names {sorted(self._template_fields - set(known))}, which parse_question "
+                f"never produces (its fields: {sorted(known)}); fix the template."
+            )
+        self._missing_fields = 0  # questions of this batch lacking a template field
+        self._warned_fields = set()
         if args.learnability_criteria is not None:
             self._criteria = parse_criteria(args.learnability_criteria)
             unknown = [c.reward for c in self._criteria if c.reward not in self.reward_func_names]
@@ -278,10 +300,8 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
         return [*context, {**last, "content": template.replace("{prompt}", completion_text([last]))}]
 
     def _parse(self, completion) -> dict | None:
-        try:
-            question = self.parse_question(completion_text(completion))
-        except Exception:  # noqa: BLE001 - model output must not stop training: an invalid proposal
-            return None
+        # A parser that raises on model output must not stop training: an invalid proposal, logged and counted.
+        question, _ = self._calls["parse_question"](self.parse_question, completion_text(completion))
         if not isinstance(question, dict):
             return None
         # Fields become reward-function keyword arguments: a model-written name must not collide with TRL's own.
@@ -306,7 +326,14 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
             for p, i in valid:
                 fields = {key: groups[p].questions[i].get(key) for key in columns}
                 row = {key: value for key, value in seeds[p].items() if key != "prompt"}
-                groups[p].solver_inputs[i] = {**row, **fields, "prompt": self.solver_prompt_fn(fields, seeds[p])}
+                self._check_template_fields(groups[p].questions[i])
+                prompt, ok = self._calls["solver_prompt_fn"](self.solver_prompt_fn, fields, seeds[p])
+                if ok:
+                    groups[p].solver_inputs[i] = {**row, **fields, "prompt": prompt}
+                else:
+                    groups[p].questions[i] = None
+            valid = [(p, i) for p, i in valid if groups[p].questions[i] is not None]
+        if valid:
             share = self._local_share(valid)
             inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
             prompts = [row["prompt"] for row in inputs]
@@ -334,6 +361,21 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
                 scores = {name: group.rewards[i][:, f].tolist() for f, name in enumerate(self.reward_func_names)}
                 group.learnable.append(is_learnable(scores, criteria))
                 group.solve_rates.append(counted_ratio(scores[criteria[0].reward], criteria[0]))
+
+    def _check_template_fields(self, question: dict) -> None:
+        """Count (and warn once per field about) template fields that this question lacks: they render empty."""
+        if self._template_fields is None:
+            return
+        missing = sorted(name for name in self._template_fields if question.get(name) is None)
+        self._missing_fields += bool(missing)
+        for name in missing:
+            if name not in self._warned_fields:
+                self._warned_fields.add(name)
+                logger.warning(
+                    "solver_prompt_template names {%s}, which a parsed question lacks (its fields: %s): it renders "
+                    "empty. A typo in the template? `warnings/solver_prompt_missing_fields` counts such questions.",
+                    name, sorted(question),
+                )
 
     def _selection_rng(self) -> random.Random:
         """Seeded by (seed, global step, draw at that step): identical on every process, and reproduced on resume."""
@@ -464,6 +506,11 @@ class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
         m["proposer/num_integrated"].append(float(num_proposer_rows))
         m["joint/proposer_solver_ratio"].append(num_proposer_rows / max(resolved * group_size, 1))
         m["generation/calls"].append(float(self._generation_calls))
+        for guard in self._calls.values():
+            m[guard.metric].append(float(guard.take()))
+        if self._template_fields is not None:
+            m["warnings/solver_prompt_missing_fields"].append(float(self._missing_fields))
+            self._missing_fields = 0
         for name, count in self._generated.items():
             m[f"generation/{name}"].append(float(count))
         all_rewards = [r for g in groups for r in g.rewards.values()]
