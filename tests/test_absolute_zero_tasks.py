@@ -126,6 +126,10 @@ def test_solver_rewards_never_raise():
     assert match(None, completions, solution=gold) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     assert make_numeric_match_reward(lenient=True)(None, ["it is 31"], solution=["31"]) == [1.0]
     assert match(None, ["<answer>1</answer>"] * 2, solution=[None, "not a number"]) == [None, None]  # not applicable
+    logged = []
+    assert match(None, ["<answer>1</answer>"] * 4, solution=[None, "1", "  ", "2"],
+                 log_metric=lambda name, value: logged.append((name, value))) == [None, 1.0, None, 0.0]
+    assert logged == [("numeric_match/missing_gold_rate", 0.5)]
     assert fmt(None, completions) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     assert match.__name__ == "numeric_match" and fmt.__name__ == "answer_format"
 

@@ -158,9 +158,9 @@ def make_question_parser(tag: str = "question", lenient: bool = False):
 
 def make_numeric_match_reward(answer_tag: str = "answer", solution_column: str = "solution", lenient: bool = False):
     """`numeric_match`: 1.0 when the solver's `<answer>` equals the gold `solution` exactly as numbers, else 0.0.
-    `None` for rows without a gold answer (not applicable)."""
+    `None` for rows without a gold answer (not applicable), counted in `numeric_match/missing_gold_rate`."""
 
-    def numeric_match(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
+    def numeric_match(prompts, completions, completion_ids=None, log_metric=None, **kwargs) -> list[float | None]:
         golds = kwargs.get(solution_column) or [None] * len(completions)
         rewards = []
         for completion, gold in zip(completions, golds, strict=True):
@@ -170,6 +170,8 @@ def make_numeric_match_reward(answer_tag: str = "answer", solution_column: str =
                 continue
             answer = parse_number(extract_answer(completion_text(completion), answer_tag, lenient))
             rewards.append(1.0 if answer is not None and answer == gold_value else 0.0)
+        if log_metric is not None and completions:
+            log_metric("numeric_match/missing_gold_rate", rewards.count(None) / len(completions))
         return rewards
 
     return numeric_match
