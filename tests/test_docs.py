@@ -31,5 +31,13 @@ def test_every_pointer_names_a_section_of_the_design_document():
     assert [(name, anchor) for name, anchor in pointers if anchor not in anchors] == []
 
 
+def test_the_contents_list_every_section():
+    text = DESIGN.read_text()
+    sections = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    listed = re.findall(r"^\d+\. \[(.+?)\]\(#([a-z0-9-]+)\)$", text, flags=re.MULTILINE)
+    assert [title for title, _ in listed] == sections
+    assert {anchor for _, anchor in listed} <= _anchors(text)
+
+
 def test_the_readme_sends_readers_to_the_design_document():
     assert "docs/design.md" in (ROOT / "README.md").read_text()
