@@ -3,7 +3,10 @@ determinism, no state shared between snippets, the isolation report, the interpr
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -197,12 +200,34 @@ def test_not_root_user_namespaces_or_a_warning():
                           env={"PYTHONPATH": str(REPO / "trl_ext"), "PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    info, warned, net_error, write_error = __import__("json").loads(done.stdout.splitlines()[-1])
+    info, warned, net_error, write_error = json.loads(done.stdout.splitlines()[-1])
     assert net_error and write_error and not (REPO / "pwned").exists()
     if "user" in info["namespaces"]:
         assert {"network", "mount", "pid"} <= set(info["namespaces"]) and warned == []
     else:
         assert info["missing"] and warned and "not fully isolated" in warned[0]
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root and util-linux unshare")
+def test_rlimits_only_fallback_warns_and_names_what_is_missing():
+    """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them), snippets run with
+    the rlimits only and a warning names what is not isolated."""
+    script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
+              "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
+              "fork = execute('import os\\nos.fork()')\ncpu = execute('while True: pass', timeout_s=1)\n"
+              "print(json.dumps([info, [str(w.message) for w in caught], fork.error, cpu.error]))")
+    inner = (f"{sandbox_interpreter()} -s -c {shlex.quote(script)}")
+    shell = ("mount -t tmpfs none /mnt && mkdir /mnt/r && mount --rbind / /mnt/r && chroot /mnt/r setpriv "
+             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={REPO / 'trl_ext'} PATH=/usr/bin:/bin "
+             + inner)
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True,
+                          text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    info, warned, fork_error, cpu_error = json.loads(done.stdout.splitlines()[-1])
+    assert info["namespaces"] == [] and info["uid"] == NOBODY
+    assert any("network" in m for m in info["missing"]) and any("file system" in m for m in info["missing"])
+    assert len(warned) == 1 and "not fully isolated" in warned[0] and "sockets can reach the network" in warned[0]
+    assert "BlockingIOError" in fork_error and cpu_error == "timeout"
 
 
 @pytest.mark.parametrize("kwargs, field", [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),

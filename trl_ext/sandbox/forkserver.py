@@ -35,7 +35,7 @@ CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
                "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 NOBODY = 65534
@@ -103,7 +103,9 @@ def isolate_server(config):
                 f.write("0 %d 1" % gid)
             namespaces.append("user")
         except OSError as exc:
-            missing.append("user namespace (%s): no mount/network/PID isolation possible" % exc.strerror)
+            missing += ["user namespace refused (%s)" % exc.strerror, "network: sockets can reach the network",
+                        "file system: writable wherever uid %d may write, /tmp shared" % uid,
+                        "processes: snippets see and may signal the other processes of uid %d" % uid]
             return namespaces, missing
     try:
         unshare(CLONE_NEWNET)
@@ -159,16 +161,11 @@ class Server:
         self.namespaces, self.missing = isolate_server(config)
         self.per_child_ns = 0
         self.ready = None
+        self.zombies = []
         if "mount" in self.namespaces:
             self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
             self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
                                    for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
-        try:
-            prctl(PR_SET_CHILD_SUBREAPER, 1)
-        except OSError:
-            pass
-        if not self.root and "user" not in self.namespaces:
-            self.missing.append("privilege drop: snippets run as uid %d, with rlimits only" % os.getuid())
         for name in PRELOAD:
             __import__(name)
         # Everything allocated so far is never freed: keep it out of the children's garbage collections, which would
@@ -195,6 +192,7 @@ class Server:
     # privileges and runs the snippet. So each snippet still gets a fresh child, and the fork and namespace setup
     # overlap with the previous execution instead of adding to each one's latency.
     def prepare(self):
+        self.reap()
         if self.ready is not None:
             return
         out_r, out_w = os.pipe()
@@ -334,12 +332,13 @@ class Server:
         run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
 
     def collect(self, pid, out_r, res_r, nonce, req, start):
-        """Read the child's output (capped) and its result until it exits; kill it on the wall-clock timeout."""
+        """Read the child's output (capped) and its result until it closes both pipes; kill it on the wall-clock
+        timeout. A child that delivered its result is killed and reaped later: its namespaces are torn down while the
+        reply is already on its way."""
         deadline = start + req["timeout_s"]
         out, res, error = bytearray(), bytearray(), None
         cap = req["max_output_bytes"]
         open_fds = [out_r, res_r]
-        status = None
         while open_fds:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -361,36 +360,50 @@ class Server:
                         error = "result too large"
             if error:
                 break
-        if error:
-            self.kill(pid)
         for fd in open_fds:
             os.close(fd)
-        status = os.waitpid(pid, 0)[1]
-        self.reap()
         reply = {"ok": False, "stdout": bytes(out[:cap]).decode("utf-8", "replace"), "error": error,
                  "value_repr": None}
-        if error is None:
-            reply.update(self.verdict(status, bytes(res), nonce, req))
+        message = None if error else read_message(bytes(res), nonce)
+        if message is not None:
+            reply.update(message)
+        elif error is None:  # pipes closed without a result: its exit status says why (within the deadline)
+            status = self.wait(pid, deadline)
+            if status is None:
+                reply["error"] = "timeout"
+            else:
+                reply.update(self.verdict(status))
+                pid = None
+        if pid is not None:
+            self.kill(pid)
+            self.zombies.append(pid)
         reply["duration_s"] = time.monotonic() - start
         return reply
 
     @staticmethod
-    def verdict(status, res, nonce, req):
+    def wait(pid, deadline):
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                return status
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.001)
+
+    def reap(self):
+        """Collect the children killed after their reply."""
+        for pid in list(self.zombies):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                self.zombies.remove(pid)
+
+    @staticmethod
+    def verdict(status):
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             if sig == signal.SIGXCPU:
                 return {"error": "timeout (CPU time limit)"}
             return {"error": "killed by signal %d" % sig}
-        code = os.WEXITSTATUS(status)
-        if not res.startswith(nonce.encode()) or code != 0:
-            return {"error": "exited with code %d before the end of the snippet" % code}
-        try:
-            message = json.loads(res[len(nonce):].decode())
-        except ValueError:
-            return {"error": "unreadable result"}
-        if message.get("error"):
-            return {"error": message["error"]}
-        return {"ok": True, "error": None, "value_repr": message.get("value_repr")}
+        return {"error": "exited with code %d before the end of the snippet" % os.WEXITSTATUS(status)}
 
     def kill(self, pid):
         """SIGKILL the child: as PID 1 of its namespace its death takes everything it started with it; without a
@@ -401,15 +414,20 @@ class Server:
             except OSError:
                 pass
 
-    @staticmethod
-    def reap():
-        """Collect orphans re-parented to this subreaper (none are expected: the process limit is 0)."""
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    return
-            except ChildProcessError:
-                return
+
+def read_message(res, nonce):
+    """The child's own report (`ok` or its error), or None when it sent none that carries this execution's nonce."""
+    if not res.startswith(nonce.encode()):
+        return None
+    try:
+        message = json.loads(res[len(nonce):].decode())
+    except ValueError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    if message.get("error"):
+        return {"error": str(message["error"])}
+    return {"ok": True, "error": None, "value_repr": message.get("value_repr")}
 
 
 def write_all(fd, data):

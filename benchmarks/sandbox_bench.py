@@ -1,0 +1,178 @@
+"""Sandbox throughput: executions per second of `trl_ext.sandbox` against a cold interpreter per snippet.
+
+    python benchmarks/sandbox_bench.py [--rounds 3] [--sandbox-n 300] [--cold-n 40]
+
+Two programs: a trivial one (`result = 1`) and a typical Absolute Zero program (a small function with a loop and a
+dict, called once). Each runs sequentially and with 2 workers, (a) in the sandbox (fork server, one fresh isolated
+child per snippet) and (b) as a cold `python -I -c` process per snippet (no isolation at all: what an executor that
+spawns an interpreter per snippet pays before adding any). Rounds are interleaved so that load changes on a shared
+machine hit every configuration alike; the median round is reported. Also: the sandbox's overhead per execution
+(sequential wall time per snippet minus the time the same code takes with `exec` in this process), the fork server's
+own measure of each execution (request to exit), and the CPU time the servers and their children spend per
+execution, which bounds throughput on an idle core.
+
+Results: benchmarks/results/sandbox_throughput.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+
+from trl_ext.sandbox import execute, execute_many, isolation
+from trl_ext.sandbox.interpreter import sandbox_interpreter
+from trl_ext.sandbox.pool import default_pool
+
+
+RESULTS = Path(__file__).parent / "results"
+PROGRAMS = {
+    "trivial": "result = 1",
+    "typical": (
+        "def f(nums, k):\n"
+        "    counts = {}\n"
+        "    best = 0\n"
+        "    for i, n in enumerate(nums):\n"
+        "        counts[n] = counts.get(n, 0) + 1\n"
+        "        if counts[n] * k + i > best:\n"
+        "            best = counts[n] * k + i\n"
+        "    return best, sorted(counts)[:3]\n"
+        "result = f([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9], 3)"
+    ),
+}
+
+
+def sandbox_rate(code: str, n: int, workers: int) -> tuple[float, list[float]]:
+    start = time.perf_counter()
+    if workers == 1:
+        results = [execute(code, result_var="result") for _ in range(n)]
+    else:
+        results = execute_many([code] * n, result_var="result", max_workers=workers)
+    elapsed = time.perf_counter() - start
+    assert all(r.ok for r in results), results[0]
+    return n / elapsed, [r.duration_s for r in results]
+
+
+def cold_rate(interpreter: str, code: str, n: int, workers: int) -> float:
+    def once(_):
+        done = subprocess.run([interpreter, "-I", "-c", code + "\nprint(repr(result))"], capture_output=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(once, range(n)))
+    return n / (time.perf_counter() - start)
+
+
+def in_process_s(code: str, n: int = 2000) -> float:
+    compiled = compile(code, "<snippet>", "exec")
+    start = time.perf_counter()
+    for _ in range(n):
+        exec(compiled, {"__name__": "__main__"})
+    return (time.perf_counter() - start) / n
+
+
+def server_cpu_s() -> float:
+    """CPU seconds of the fork servers and of every child they have reaped (psutil: user + system + children)."""
+    total = 0.0
+    for server in list(default_pool()._servers):
+        procs = [psutil.Process(server.proc.pid)]
+        procs += procs[0].children(recursive=True)
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.NoSuchProcess:
+                pass
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sandbox-n", type=int, default=300, help="snippets per sandbox measurement")
+    parser.add_argument("--cold-n", type=int, default=40, help="snippets per cold-interpreter measurement")
+    args = parser.parse_args()
+
+    interpreter = sandbox_interpreter()
+    info = isolation()
+    execute_many(["result = 0"] * 8, result_var="result", max_workers=2)  # start both servers (warm-up)
+    load_before = os.getloadavg()
+    rates: dict[str, list[float]] = {}
+    durations: dict[str, list[float]] = {}
+    cpu_per_exec: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for name, code in PROGRAMS.items():
+            for workers in (1, 2):
+                key = f"{name}/sandbox/{workers}w"
+                cpu = server_cpu_s()
+                rate, dur = sandbox_rate(code, args.sandbox_n, workers)
+                cpu_per_exec.setdefault(key, []).append((server_cpu_s() - cpu) / args.sandbox_n)
+                rates.setdefault(key, []).append(rate)
+                durations.setdefault(key, []).extend(dur)
+                rates.setdefault(f"{name}/cold/{workers}w", []).append(cold_rate(interpreter, code, args.cold_n,
+                                                                                  workers))
+    load_after = os.getloadavg()
+
+    summary = {}
+    for name, code in PROGRAMS.items():
+        inproc = in_process_s(code)
+        row = {"in_process_ms": 1e3 * inproc}
+        for workers in (1, 2):
+            sandbox = statistics.median(rates[f"{name}/sandbox/{workers}w"])
+            cold = statistics.median(rates[f"{name}/cold/{workers}w"])
+            row[f"sandbox_per_s_{workers}w"] = sandbox
+            row[f"cold_per_s_{workers}w"] = cold
+            row[f"speedup_vs_cold_{workers}w"] = sandbox / cold
+            row[f"server_cpu_ms_per_exec_{workers}w"] = 1e3 * statistics.median(cpu_per_exec[f"{name}/sandbox/{workers}w"])
+        row["overhead_ms_per_exec"] = 1e3 / row["sandbox_per_s_1w"] - row["in_process_ms"]
+        row["server_measured_ms_median"] = 1e3 * statistics.median(durations[f"{name}/sandbox/1w"])
+        summary[name] = row
+        print(f"{name}: sandbox {row['sandbox_per_s_1w']:.0f}/s sequential, {row['sandbox_per_s_2w']:.0f}/s with 2 "
+              f"workers; cold interpreter {row['cold_per_s_1w']:.1f}/s and {row['cold_per_s_2w']:.1f}/s; overhead "
+              f"{row['overhead_ms_per_exec']:.2f} ms/exec; server CPU {row['server_cpu_ms_per_exec_1w']:.2f} ms/exec")
+
+    payload = {"command": "python benchmarks/sandbox_bench.py " + " ".join(
+                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+               "machine": {"cpus": os.cpu_count(), "load_average_before": load_before,
+                           "load_average_after": load_after},
+               "isolation": info, "interpreter": interpreter, "summary": summary, "rounds": rates}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "sandbox_throughput.json").write_text(json.dumps(payload, indent=2))
+    plot(summary, RESULTS / "sandbox_throughput.png", load_before)
+
+
+def plot(summary: dict, path: Path, load: tuple):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values, colors = [], [], []
+    for name, row in summary.items():
+        for kind, color in (("sandbox", "tab:blue"), ("cold", "tab:gray")):
+            for workers in (1, 2):
+                labels.append(f"{name}\n{kind} {workers}w")
+                values.append(row[f"{kind}_per_s_{workers}w"])
+                colors.append(color)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    bars = ax.bar(range(len(values)), values, color=colors)
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_xticks(range(len(values)), labels, fontsize=8)
+    ax.set_ylabel("executions / s")
+    ax.set_title(f"trl_ext.sandbox (fork server, isolated child per snippet) vs a cold interpreter per snippet\n"
+                 f"{os.cpu_count()} CPUs, load average {load[0]:.1f} at start")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
