@@ -7,10 +7,13 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trl_ext.sandbox import ExecutionResult, SandboxPool, execute, execute_many, isolation, sandbox_interpreter
@@ -152,16 +155,35 @@ def test_no_state_leaks_between_snippets():
     assert second.value == (3.141592653589793, 2, False, False, [])
 
 
-def test_a_hung_server_is_replaced(monkeypatch):
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("fault", ["hang", "crash"])
+def test_a_failed_server_is_replaced(monkeypatch, fault):
     import trl_ext.sandbox.pool as pool_module
 
-    monkeypatch.setattr(pool_module, "SERVER_GRACE_S", 0.0)
+    monkeypatch.setattr(pool_module, "SERVER_GRACE_S", 0.5)
     pool = SandboxPool()
     try:
-        # The server's own timeout and the host's patience expire together: the host gives up on this server.
-        result = pool.run("while True: pass", None, Limits(timeout_s=1.0))
-        assert not result.ok and result.error in ("timeout", "sandbox server failed (replaced)")
-        assert pool.run("result = 5", "result", Limits()).value == 5
+        assert pool.run("result = 1", "result", Limits()).value == 1
+        (server,) = pool._servers
+        tree = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+        for proc in tree:
+            os.kill(proc.pid, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
+        start = time.monotonic()
+        result = pool.run("result = 2", "result", Limits(timeout_s=1.0))
+        assert result == ExecutionResult(ok=False, stdout="", error="sandbox server failed (replaced)")
+        assert time.monotonic() - start < 10 and pool._servers == []
+        assert server.proc.poll() is not None
+        deadline = time.monotonic() + 5  # the rest of its tree is killed with it (PID namespace, parent-death signal)
+        while any(running(proc) for proc in tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(running(proc) for proc in tree)
+        assert pool.run("result = 3", "result", Limits()).value == 3  # a fresh server
     finally:
         pool.close()
 

@@ -212,6 +212,19 @@ def test_kill_the_parent():
     assert execute("x = 1").ok  # the fork server is still serving
 
 
+def test_close_the_pipes_and_linger():
+    # Nothing to read any more, but the snippet is still running: it is waited for until its deadline, then killed.
+    result = fails("import os, time\nfor fd in (1, 2, 3):\n    os.close(fd)\ntime.sleep(300)", "timeout", timeout_s=1.0)
+    assert result.duration_s < 3.0
+
+
+@needs_namespaces
+def test_stop_itself():
+    # SIGSTOP from inside its own PID namespace does not stop its init: the wall clock would catch it anyway.
+    fails("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nraise RuntimeError('not stopped')",
+          "not stopped", "timeout", timeout_s=1.0)
+
+
 # -- network ------------------------------------------------------------------------------------------------------
 @needs_namespaces
 def test_tcp_to_local_listener(listeners):
