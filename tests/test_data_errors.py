@@ -277,3 +277,16 @@ def test_template_fields():
         template_fields("{question")
     with pytest.raises(ValueError, match="positional field"):
         template_fields("{} {question}")
+
+
+def test_rlcr_evaluation_skips_rows_without_gold(tmp_path):
+    from trl_ext.rlcr_evaluation import evaluate_calibration
+
+    model, tokenizer = tiny_causal_lm()
+    dataset = Dataset.from_list([{"prompt": conversation(q), "solution": s}
+                                 for q, s in [("1+1?", "2"), ("2+2?", None), ("3+3?", "  ")]])
+    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, num_generations_confidence=2, max_completion_length=4,
+                         max_confidence_length=4)
+    result = evaluate_calibration(model, tokenizer, dataset, args, progress=False)
+    assert result.num_missing_gold == 2 and [row["gold"] for row in result.rows] == ["2"]
+    assert result.to_dict()["num_missing_gold"] == 2
