@@ -215,7 +215,7 @@ def test_kill_the_parent():
 def test_close_the_pipes_and_linger():
     # Nothing to read any more, but the snippet is still running: it is waited for until its deadline, then killed.
     result = fails("import os, time\nfor fd in (1, 2, 3):\n    os.close(fd)\ntime.sleep(300)", "timeout", timeout_s=1.0)
-    assert result.duration_s < 3.0
+    assert result.duration_s < 5.0  # killed at 1 s, not after 300
 
 
 @needs_namespaces
@@ -339,7 +339,7 @@ def test_cpu_bomb():
 
 def test_sleep_forever():
     result = fails("import time\ntime.sleep(300)", "timeout", timeout_s=1.0)
-    assert result.duration_s < 3.0
+    assert result.duration_s < 5.0  # killed at 1 s, not after 300
 
 
 def test_signal_tampering():

@@ -43,7 +43,7 @@ def execute(code: str, *, result_var: str | None = None, timeout_s: float = 5.0,
         result_var: Name of a global whose value is read back (`repr` in the child, `ast.literal_eval` here); the
             result is not `ok` when it is missing or not a literal.
         timeout_s: Wall-clock limit; the CPU-time limit is `ceil(timeout_s)` seconds.
-        memory_mb: Address-space limit of the child (includes the interpreter's own ~30 MB).
+        memory_mb: Address-space limit of the child (includes the ~20 MB the interpreter itself maps).
         max_output_bytes: Output beyond this kills the snippet ("output too large").
     """
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)

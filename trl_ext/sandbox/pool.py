@@ -49,7 +49,7 @@ class Limits:
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}.")
         if self.memory_mb < 64:
-            raise ValueError(f"memory_mb must be >= 64 (the interpreter itself needs ~30 MB of address space), "
+            raise ValueError(f"memory_mb must be >= 64 (the interpreter itself maps ~20 MB), "
                              f"got {self.memory_mb!r}.")
         for name in ("max_output_bytes", "max_value_bytes", "file_kb"):
             if getattr(self, name) < 1:
