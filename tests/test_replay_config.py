@@ -65,3 +65,13 @@ def test_wrong_args_type(tmp_path):
     model, _ = tiny_causal_lm()
     with pytest.raises(TypeError, match="ReplayGRPOConfig"):
         ReplayGRPOTrainer(model=model, reward_funcs=lambda **k: [0.0], args=cpu_test_args(tmp_path, GRPOConfig))
+
+
+def test_reward_funcs_are_optional_as_in_trl(tmp_path):
+    """Without reward functions TRL's own check applies (an environment may own the rewards), not a TypeError."""
+    from trl_ext.testing import tiny_causal_lm
+    from trl_ext.trainers import ReplayGRPOTrainer
+
+    model, tokenizer = tiny_causal_lm()
+    with pytest.raises(ValueError, match="No reward source provided"):
+        ReplayGRPOTrainer(model, args=config(tmp_path), processing_class=tokenizer)

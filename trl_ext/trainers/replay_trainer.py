@@ -132,7 +132,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         ),
     }
 
-    def __init__(self, model, reward_funcs, args: ReplayGRPOConfig | None = None, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: ReplayGRPOConfig | None = None, **kwargs):
         if args is None:
             args = ReplayGRPOConfig("Replay-GRPO")
         if not isinstance(args, ReplayGRPOConfig):
@@ -187,7 +187,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         capture = self._capture_forward
-        if capture is None:
+        if capture is None or (model is self.ref_model and model is not None):
+            # A separate reference model is never captured (nor asked for entropies, which it may not compute).
             return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
         self._capture_forward = None  # only the first (policy) forward: a reference-model pass may follow
         kwargs["compute_entropy"] = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .base_config import TrlExtGRPOConfig
@@ -33,6 +34,9 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             Weight of the answer-row advantages.
         lambda_conf (`float`, *optional*, defaults to `1.0`):
             Weight of the confidence-row advantages.
+        accuracy_weight (`float`, *optional*, defaults to `1.0`):
+            Weight of the built-in accuracy reward in the answer reward. `reward_weights`, as in TRL, has one weight
+            per reward function passed to the trainer; the accuracy reward, which the trainer adds, takes this one.
         max_confidence_length (`int`, *optional*, defaults to `256`):
             Maximum number of tokens generated in the confidence turn (the answer turn uses `max_completion_length`).
         confidence_prompt (`str`, *optional*):
@@ -81,6 +85,10 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     )
     lambda_ans: float = field(default=1.0, metadata={"help": "Weight of the answer-row advantages."})
     lambda_conf: float = field(default=1.0, metadata={"help": "Weight of the confidence-row advantages."})
+    accuracy_weight: float = field(
+        default=1.0,
+        metadata={"help": "Weight of the built-in accuracy reward (reward_weights: one per reward function passed)."},
+    )
     max_confidence_length: int = field(
         default=256, metadata={"help": "Maximum number of tokens generated in the confidence turn."}
     )
@@ -139,6 +147,8 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):
                 raise ValueError(f"{name} must be a finite, non-negative weight (got {value}).")
+        if not math.isfinite(self.accuracy_weight):
+            raise ValueError(f"accuracy_weight must be finite (got {self.accuracy_weight}).")
         if self.confidence_normalization not in ("answer", "answer_then_prompt"):
             raise ValueError(
                 f"confidence_normalization must be 'answer' or 'answer_then_prompt' "

@@ -94,7 +94,16 @@ class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
         accuracy = make_accuracy_reward(
             args.answer_tag, args.solution_column, accuracy_func or verify_answer, lenient=args.lenient_parsing
         )
-        super().__init__(model, reward_funcs=[accuracy, *extra], args=args, **kwargs)
+        weights = args.reward_weights
+        if weights is not None and len(weights) != len(extra):
+            raise ValueError(
+                f"reward_weights has {len(weights)} weights for {len(extra)} reward functions passed to the trainer: "
+                "give one weight per reward function you pass; the built-in accuracy reward's weight is "
+                "accuracy_weight."
+            )
+        # TRL weighs every reward function it holds, the accuracy reward first.
+        with scoped_call(args, reward_weights=[args.accuracy_weight, *(weights or [1.0] * len(extra))]):
+            super().__init__(model, reward_funcs=[accuracy, *extra], args=args, **kwargs)
 
         self._brier_reward = make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)
         self._turn = follow_up_turn(
