@@ -154,11 +154,10 @@ def isolate_server(config):
 
 
 class Server:
-    def __init__(self, config):
-        self.config = config
+    def __init__(self):
         self.root = os.getuid() == 0
-        config["root"], config["uid"] = self.root, os.getuid()
-        self.namespaces, self.missing = isolate_server(config)
+        self.config = {"root": self.root, "uid": os.getuid()}
+        self.namespaces, self.missing = isolate_server(self.config)
         self.per_child_ns = 0
         self.ready = None
         self.zombies = []
@@ -487,8 +486,7 @@ def run_snippet(code, result_var, nonce, max_value_bytes):
 def main():
     # Started with `-c`: drop the working directory from the import path, as `-I` would.
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-    config = json.loads(sys.argv[1])
-    server = Server(config)
+    server = Server()
     requests, replies = sys.stdin.buffer, sys.stdout
     replies.write(json.dumps(server.describe()) + "\n")
     replies.flush()

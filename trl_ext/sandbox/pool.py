@@ -61,7 +61,7 @@ class ForkServer:
 
     def __init__(self, interpreter: str):
         self.proc = subprocess.Popen(
-            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps({})],
+            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SERVER_ENV,
         )
         self._pending = b""
