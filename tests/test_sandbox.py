@@ -216,6 +216,30 @@ def test_interpreter_is_usable_by_the_dropped_uid():
     assert not usable_as("/nonexistent/python3", NOBODY)
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="the interpreter check matters when the sandbox drops to uid 65534")
+def test_no_usable_interpreter_says_what_to_do(monkeypatch, tmp_path):
+    import trl_ext.sandbox.interpreter as interpreter_module
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.symlink(sys.executable, private / "python3")  # runs for root, unreachable for uid 65534
+    monkeypatch.setattr(interpreter_module, "_candidates", lambda: [str(private / "python3")])
+    interpreter_module.sandbox_interpreter.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="TRL_EXT_SANDBOX_PYTHON") as raised:
+            interpreter_module.sandbox_interpreter()
+        assert str(private / "python3") in str(raised.value) and "chmod o+rx" in str(raised.value)
+    finally:
+        interpreter_module.sandbox_interpreter.cache_clear()
+
+
+def test_interpreter_from_the_environment_comes_first(monkeypatch):
+    import trl_ext.sandbox.interpreter as interpreter_module
+
+    monkeypatch.setenv("TRL_EXT_SANDBOX_PYTHON", "/usr/bin/env")
+    assert interpreter_module._candidates()[0] == "/usr/bin/env"
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="starts the non-root case as uid 65534")
 def test_not_root_user_namespaces_or_a_warning():
     """As an unprivileged user: user + network namespaces where the kernel allows them, else rlimits only with a
