@@ -155,6 +155,16 @@ def test_no_state_leaks_between_snippets():
     assert second.value == (3.141592653589793, 2, False, False, [])
 
 
+def test_a_closed_pool_starts_new_servers():
+    pool = SandboxPool()
+    try:
+        assert pool.run("result = 1", "result", Limits()).value == 1
+        pool.close()
+        assert pool.run("result = 2", "result", Limits()).value == 2
+    finally:
+        pool.close()
+
+
 def running(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE

@@ -15,8 +15,9 @@ standard library), with, as root:
   `ast.literal_eval` (never unpickled).
 
 Not root: the fork server enters a user namespace (where the kernel allows unprivileged ones) to get the same
-namespaces, and the child drops all capabilities instead of changing uid. Where that is refused, snippets run with
-the rlimits only, and a `RuntimeWarning` names what is not isolated. `isolation()` reports what is in effect.
+namespaces, and the child keeps the caller's uid but drops all capabilities (so it can still read, not write, what
+that uid can read). Where that is refused, snippets run with the rlimits only, and a `RuntimeWarning` names what is
+not isolated. `isolation()` reports what is in effect.
 
 The interpreter must be readable by uid 65534 when root: see `trl_ext.sandbox.interpreter` (a pyenv or virtualenv
 under `/root` is not; the system `python3` or `TRL_EXT_SANDBOX_PYTHON` is used instead).

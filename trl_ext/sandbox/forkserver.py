@@ -98,9 +98,9 @@ def isolate_server(config):
             with open("/proc/self/setgroups", "w") as f:
                 f.write("deny")
             with open("/proc/self/uid_map", "w") as f:
-                f.write("0 %d 1" % uid)
+                f.write("%d %d 1" % (uid, uid))
             with open("/proc/self/gid_map", "w") as f:
-                f.write("0 %d 1" % gid)
+                f.write("%d %d 1" % (gid, gid))
             namespaces.append("user")
         except OSError as exc:
             missing += ["user namespace refused (%s)" % exc.strerror, "network: sockets can reach the network",

@@ -179,8 +179,11 @@ class SandboxPool:
         return dict(server.info)
 
     def close(self):
+        """End every server; the pool stays usable and starts new ones on demand."""
         with self._lock:
             servers, self._servers = self._servers, []
+            while not self._idle.empty():
+                self._idle.get_nowait()
         for server in servers:
             server.close()
 
