@@ -64,8 +64,11 @@ def test_dataset_problems_fail_at_init(tmp_path, rows, match):
 
 def test_unsupported_trainer_arguments(tmp_path):
     model, tokenizer = tiny_causal_lm()
-    with pytest.raises(ValueError, match="tools"):
-        RLCRMultiTurnTrainer(model=model, args=config(tmp_path), processing_class=tokenizer, tools=[print])
+    for key, value in (("tools", [print]), ("environment_factory", object)):
+        with pytest.raises(ValueError, match=f"`{key}`: the confidence turn.*ReplayGRPOTrainer or AbsoluteZero"):
+            RLCRMultiTurnTrainer(model=model, args=config(tmp_path), processing_class=tokenizer, **{key: value})
+    with pytest.raises(ValueError, match="rollout_func.*two-turn rollout"):
+        RLCRMultiTurnTrainer(model=model, args=config(tmp_path), processing_class=tokenizer, rollout_func=print)
     with pytest.raises(TypeError, match="RLCRMultiTurnConfig"):
         from trl import GRPOConfig
 

@@ -29,6 +29,10 @@ class Trajectory:
 
     `completion_ids` (int32) are the generated token ids, never re-tokenised text; `logps` (float32, same length) are
     the log-probs the trainer computed for them when they were collected.
+
+    An episode with tool calls also keeps `tool_mask` (bool, same length: False on tool-output tokens, whose log-probs
+    mean nothing), its decoded messages (`completion`, for reward functions that re-score it) and `env_rewards`, the
+    reward columns that needed its live environment, recorded at collection.
     """
 
     task_id: str
@@ -37,14 +41,21 @@ class Trajectory:
     reward: float
     entropy: float
     policy_version: int
+    tool_mask: torch.Tensor | None = None
+    completion: list[dict] | None = None
+    env_rewards: dict[str, float] | None = None
 
     def __post_init__(self):
         self.completion_ids = torch.as_tensor(self.completion_ids, dtype=torch.int32).flatten()
         self.logps = torch.as_tensor(self.logps, dtype=torch.float32).flatten()
-        if self.completion_ids.numel() != self.logps.numel():
+        if self.tool_mask is not None:
+            self.tool_mask = torch.as_tensor(self.tool_mask, dtype=torch.bool).flatten()
+        lengths = {self.logps.numel()} | ({self.tool_mask.numel()} if self.tool_mask is not None else set())
+        if lengths != {self.completion_ids.numel()}:
             raise ValueError(
                 f"Trajectory of task {self.task_id!r}: {self.completion_ids.numel()} completion ids but "
-                f"{self.logps.numel()} log-probs."
+                f"{self.logps.numel()} log-probs"
+                + ("" if self.tool_mask is None else f" and {self.tool_mask.numel()} tool-mask entries") + "."
             )
 
     @property
@@ -53,7 +64,14 @@ class Trajectory:
 
     @property
     def nbytes(self) -> int:
-        return self.completion_ids.nbytes + self.logps.nbytes
+        """Tensor bytes, plus the UTF-8 JSON size of an episode's messages and recorded rewards."""
+        size = self.completion_ids.nbytes + self.logps.nbytes
+        if self.tool_mask is not None:
+            size += self.tool_mask.nbytes
+        for extra in (self.completion, self.env_rewards):
+            if extra is not None:
+                size += len(json.dumps(extra, default=str).encode())
+        return size
 
 
 @dataclass

@@ -36,15 +36,21 @@ import torch
 class LoopbackVLLMServer:
     """An OpenAI-compatible completions server on 127.0.0.1 backed by a copy of `model` (CPU, thread-safe).
 
+    `script(prompt_text, sample_index) -> str`, if given, writes the completions instead of sampling (as
+    `ScriptedGeneration`, with `sample_index` the index among the request's `n` samples of that prompt); the text gets
+    the end-of-sequence token, is cut at `max_tokens`, and its log-probs are the server model's. Generation then
+    still goes through TRL's real server-mode path (gather, de-duplication, broadcast, per-process slicing).
+
     Attributes:
         requests: every `/v1/completions` request body and the choices answered, in order.
         weight_updates: number of completed weight updates.
     """
 
-    def __init__(self, model, tokenizer, model_name: str = "loopback-model"):
+    def __init__(self, model, tokenizer, model_name: str = "loopback-model", script=None):
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.script = script
         self.requests: list[dict] = []
         self.weight_updates = 0
         self._lock = threading.Lock()
@@ -182,6 +188,12 @@ class LoopbackVLLMServer:
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], n: int, body: dict) -> list[tuple[list[int], list[float]]]:
         temperature = float(body.get("temperature", 1.0))
+        if self.script is not None:
+            text = self.tokenizer.decode(prompt_ids)
+            scripted = [self.tokenizer.encode(self.script(text, j), add_special_tokens=False)
+                        + [self.tokenizer.eos_token_id] for j in range(n)]
+            scripted = [ids[: int(body.get("max_tokens", 16))] for ids in scripted]
+            return [(ids, self._logprobs(prompt_ids, ids, max(temperature, 1e-6))) for ids in scripted]
         top_k = int(body.get("top_k") or 0)
         min_p = float(body.get("min_p") or 0.0)
         eos = self.tokenizer.eos_token_id

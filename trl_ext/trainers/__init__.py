@@ -4,10 +4,12 @@ from .replay_config import ReplayGRPOConfig
 from .replay_trainer import ReplayGRPOTrainer
 from .rlcr_config import RLCRMultiTurnConfig
 from .rlcr_trainer import RLCRMultiTurnTrainer
+from .tool_rounds import CollectiveToolRounds
 
 
 __all__ = [
     "AbsoluteZeroConfig",
+    "CollectiveToolRounds",
     "AbsoluteZeroTrainer",
     "RLCRMultiTurnConfig",
     "RLCRMultiTurnTrainer",

@@ -53,6 +53,7 @@ from .absolute_zero_config import AbsoluteZeroConfig
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .scoping import scoped_call
+from .tool_rounds import CollectiveToolRounds
 
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class _Group:
     rounds: int = 0
 
 
-class AbsoluteZeroTrainer(ModelCardMixin, GRPOTrainer):
+class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
     Args:

@@ -11,10 +11,17 @@ and feeds the fresh rows' outcomes to the `ExperienceManager`.
 
 The loss is GRPOTrainer's on the on-policy tokens (its own `_compute_loss`, off-policy rows masked out) plus a
 dual-clip or shaping loss on the off-policy tokens that reuses the same forward pass.
+
+With `tools` or an `environment_factory`, fresh rows are episodes run by TRL's tool loop (kept in step across processes
+by `CollectiveToolRounds`). A stored episode keeps its whole completion (tool-output tokens included), its
+`tool_mask`, its messages and the reward columns that needed its live environment. When it is replayed, TRL's tool
+loop skips it (its episode is over) and the batch gets its recorded `tool_mask`, so tool tokens are neither trained
+nor part of the importance ratio; pure reward functions re-score it, environment columns keep the recorded value.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import textwrap
 from contextlib import nullcontext
@@ -37,6 +44,7 @@ from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .scoping import scoped_call
+from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
 
 
@@ -51,6 +59,8 @@ class ReplayPlan:
     group_tasks: list[str]
     """Task id of every group of the gathered batch, after replacement."""
     global_stored: list[bool]
+    global_trajectories: list[Trajectory | None]
+    """Per row of the gathered batch: the stored trajectory it replays, or None."""
     fresh_max: int
     """Most fresh rows any process generates (the others pad up to it)."""
     offset: int
@@ -75,6 +85,9 @@ class CollectedRow:
     example: dict
     logps: torch.Tensor | None = None
     entropy: float | None = None
+    tool_mask: torch.Tensor | None = None
+    completion: list[dict] | None = None
+    env_rewards: dict[str, float] | None = None
 
     def fill(self, logps: torch.Tensor, entropies: torch.Tensor) -> None:
         mask = self.completion_mask.to(entropies.device)
@@ -83,7 +96,8 @@ class CollectedRow:
 
     def trajectory_fields(self, step: int) -> dict:
         return {"completion_ids": self.completion_ids, "logps": self.logps, "reward": self.reward,
-                "entropy": self.entropy, "policy_version": step}
+                "entropy": self.entropy, "policy_version": step, "tool_mask": self.tool_mask,
+                "completion": self.completion, "env_rewards": self.env_rewards}
 
 
 @dataclass
@@ -98,7 +112,7 @@ class PendingCollection:
     """Whether any process has rows to store (then the gather runs on every process)."""
 
 
-class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
     Args:
@@ -106,8 +120,16 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
             reward function).
         args: A [`ReplayGRPOConfig`].
         **kwargs: `train_dataset`, `eval_dataset`, `processing_class`, `reward_processing_classes`, `callbacks`,
-            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. Text prompts only (no tools, rollout_func or
-            images). A `args.task_id_column` column gives stable task ids; otherwise the prompt is hashed.
+            `optimizers`, `peft_config`, `tools`, `environment_factory`, as [`~trl.GRPOTrainer`]. Text prompts only
+            (no images, no `rollout_func`). A `args.task_id_column` column gives stable task ids; otherwise the
+            prompt is hashed.
+
+    Tool episodes: a stored episode keeps its completion ids with the tool-output tokens, its `tool_mask` and the
+    log-probs recorded at collection; a replayed one trains and enters the off-policy ratio on model tokens only.
+    Replayed rows are re-scored by the reward functions that do not need a live environment (computed from the
+    prompt, the stored messages and completion ids). The environment's `get_reward` column and reward functions that
+    declare an `environments` parameter keep the values recorded when the episode ran: the environment that ran it is
+    gone (the one TRL draws for the replayed row is reset but never acted on).
 
     Batch keys added once replay groups exist: `exp_mask` (B, T), 1 on off-policy completion tokens;
     `old_per_token_logps` holding the recorded log-probs on those rows (and TRL's old log-probs on the others when it
@@ -137,12 +159,20 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
             args = ReplayGRPOConfig("Replay-GRPO")
         if not isinstance(args, ReplayGRPOConfig):
             raise TypeError(f"args must be a ReplayGRPOConfig, got {type(args).__name__}.")
-        for unsupported in ("tools", "rollout_func", "environment_factory"):
-            if kwargs.get(unsupported) is not None:
-                raise ValueError(f"ReplayGRPOTrainer replays single-turn completions; `{unsupported}` is not supported.")
+        if kwargs.get("rollout_func") is not None:
+            raise ValueError(
+                "ReplayGRPOTrainer does not support `rollout_func`: it splices stored trajectories into TRL's own "
+                "generation, which a rollout_func replaces. For multi-step episodes pass `environment_factory` or "
+                "`tools`."
+            )
         for split in ("train_dataset", "eval_dataset"):
             check_not_empty(kwargs.get(split), split)
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
+        # Reward columns that need the live environment: recorded at collection, kept when replayed.
+        self._env_reward_columns = [
+            i for i, f in enumerate(self.reward_funcs)
+            if callable(f) and "environments" in inspect.signature(f).parameters
+        ]
 
         if args.success_reward is None:
             self._success_index = 0
@@ -169,6 +199,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         self._last_rewards_per_func = None
         self._capture_forward = None  # list receiving (logps, entropies) of the next policy forward
         self._pending: PendingCollection | None = None  # rows to store once the loss forward gave their log-probs
+        self._last_episodes = None  # this process's decoded episodes of the last batch (with tools)
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     def _tokenize_prompts(self, prompts):
@@ -182,8 +213,33 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         return prompt_ids, images, multimodal_fields
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        return self._last_rewards_per_func
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        plan = self._plan
+        if plan is not None and plan.has_replay and self._env_reward_columns:
+            for row, trajectory in enumerate(plan.global_trajectories):
+                if trajectory is not None and trajectory.env_rewards is not None:
+                    for i in self._env_reward_columns:
+                        rewards[row, i] = trajectory.env_rewards.get(self.reward_func_names[i], float("nan"))
+        self._last_rewards_per_func = rewards
+        return rewards
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        """Run TRL's tool loop on the fresh rows only: a stored episode is over, and keeps its tool mask and messages."""
+        plan = self._plan
+        stored = plan.stored if plan is not None and plan.has_replay else [None] * len(completions)
+        for i, trajectory in enumerate(stored):
+            if trajectory is not None:  # no tool calls: TRL's loop leaves the row alone
+                completions[i] = [{"role": "assistant", "content": ""}]
+        tool_mask, completions, completion_ids, logprobs, *rest = super()._tool_call_loop(
+            prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+        )
+        for i, trajectory in enumerate(stored):
+            if trajectory is not None:
+                n = trajectory.num_tokens
+                tool_mask[i] = trajectory.tool_mask.int().tolist() if trajectory.tool_mask is not None else [1] * n
+                completions[i] = trajectory.completion or completions[i]
+        self._last_episodes = completions
+        return tool_mask, completions, completion_ids, logprobs, *rest
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         capture = self._capture_forward
@@ -206,6 +262,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         inner = self._generate_single_turn
 
         def splice(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            if self._in_tool_loop:  # later turns of the fresh episodes
+                return inner(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
             if images is not None or multimodal_fields:
                 raise ValueError("ReplayGRPOTrainer supports text prompts only.")
             fresh = [i for i, stored in enumerate(plan.stored) if stored is None]
@@ -239,6 +297,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         self._flush_pending()
         self._log_buffer()
         plan = self._plan_batch(list(inputs))
+        self._last_episodes = None
         capture = []
         with scoped_call(self, _plan=plan, _capture_forward=capture), self._fresh_generation(plan):
             output = super()._generate_and_score_completions(plan.local_inputs)
@@ -345,6 +404,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
             stored_prompt_ids=[stored_prompts[i] for i in local],
             group_tasks=group_tasks,
             global_stored=[s is not None for s in stored],
+            global_trajectories=stored,
             fresh_max=max(fresh_counts),
             offset=offset,
             num_replay_groups=len(replay),
@@ -379,12 +439,18 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
         if length == 0:  # masked out (e.g. truncated with mask_truncated_completions): nothing to replay
             return None
         rewards = self._last_rewards_per_func[plan.offset + i]
+        tools = "tool_mask" in output and self._last_episodes is not None
         return CollectedRow(
             completion_ids=output["completion_ids"][i, :length].cpu(),
-            completion_mask=output["completion_mask"][i].cpu(),
+            # The entropy that ranks stored trajectories is the model's, over its own tokens.
+            completion_mask=(output["completion_mask"][i] * output.get("tool_mask", 1)[i]).cpu() if tools
+            else output["completion_mask"][i].cpu(),
             reward=float(torch.nansum(rewards * self.reward_weights.to(rewards.device)).item()),
             prompt_ids=output["prompt_ids"][i][output["prompt_mask"][i].bool()].cpu(),
             example=plan.local_inputs[i],
+            tool_mask=output["tool_mask"][i, :length].bool().cpu() if tools else None,
+            completion=self._last_episodes[i] if tools else None,
+            env_rewards={self.reward_func_names[c]: float(rewards[c]) for c in self._env_reward_columns} or None,
         )
 
     def _collect(self, pending: PendingCollection) -> None:

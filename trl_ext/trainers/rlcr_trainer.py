@@ -84,9 +84,19 @@ class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
             args = RLCRMultiTurnConfig("RLCR-multi-turn")
         if not isinstance(args, RLCRMultiTurnConfig):
             raise TypeError(f"args must be an RLCRMultiTurnConfig, got {type(args).__name__}.")
-        for unsupported in ("tools", "rollout_func", "environment_factory"):
+        if kwargs.get("rollout_func") is not None:
+            raise ValueError(
+                "RLCRMultiTurnTrainer does not support `rollout_func`: it builds its own two-turn rollout (an answer, "
+                "then a confidence turn generated after it), which a rollout_func would replace."
+            )
+        for unsupported in ("tools", "environment_factory"):
             if kwargs.get(unsupported) is not None:
-                raise ValueError(f"RLCRMultiTurnTrainer builds its own two-turn rollout; `{unsupported}` is not supported.")
+                raise ValueError(
+                    f"RLCRMultiTurnTrainer does not support `{unsupported}`: the confidence turn is asked right after "
+                    "the answer turn, and its prompt, span masks and calibration reward treat the answer completion "
+                    "as model text; a tool transcript inside it is not modelled. For tool episodes use "
+                    "ReplayGRPOTrainer or AbsoluteZeroTrainer."
+                )
         for split in ("train_dataset", "eval_dataset"):
             _check_dataset(kwargs.get(split), split, args.solution_column)
 
