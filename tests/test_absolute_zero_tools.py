@@ -231,3 +231,26 @@ def test_lora_and_resume_with_an_environment(tmp_path):
     assert trainer.state.global_step == 3 and len(rec.batches) == 1
     assert [row_text(trainer, rec.batches[0], r).count("<tool_call>") for r in range(4)] == [0, 1, 0, 2]
     assert torch.isfinite(torch.tensor(trainer.state.log_history[-2]["loss"]))
+
+
+def test_malformed_tool_calls_are_model_output_not_errors(tmp_path):
+    # Sample 1 of "two" writes a tool call that is not JSON (TRL decodes it as text: no tool call), sample 1 of "one"
+    # calls the tool with a bad argument (the tool raises; TRL returns the error to the model as the tool's output).
+    class Hostile(Script):
+        def __call__(self, text, k):
+            if "Reach 2" in text and "Seed" not in text and k == 1:
+                return '<tool_call>\n{"name": "increment", "arguments": {oops\n</tool_call>'
+            if "Reach 1" in text and "Seed" not in text and "<tool_response>" not in text and k == 1:
+                return tool_call_text("increment", amount="many")
+            return super().__call__(text, k)
+
+    trainer, env = make(tmp_path, max_repropose_attempts=0)
+    with ScriptedGeneration(trainer, Hostile({"A": [["one", "zero"]], "B": [["two", "zero"]]})), \
+            BatchRecorder(trainer) as rec:
+        trainer.train()
+    batch, log = rec.batches[0], trainer.state.log_history[0]
+    texts = [row_text(trainer, batch, r) for r in range(4)]
+    assert "oops" in texts[3] and "<tool_response>" not in texts[3]  # B's sample 1: text, no tool round
+    assert "<tool_response>" in texts[1] and "error" in texts[1]  # A's sample 1: the tool's error, shown to the model
+    assert log["tools/failure_frequency"] == 1.0  # the one executed call failed
+    assert list(trainer._logs["rewards"]["value"]) == [0.0, 0.0, 0.0, 0.0]
