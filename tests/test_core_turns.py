@@ -2,8 +2,8 @@
 
 import pytest
 
-from trl_ext.core.turns import FollowUpTurn, follow_up_turn
-from trl_ext.testing import tiny_tokenizer
+from trl_ext.core.turns import FollowUpTurn, NotPrefixPreservingError, follow_up_turn
+from trl_ext.testing import QWEN3_CHAT_TEMPLATES, tiny_qwen3_lm, tiny_tokenizer, trl_chat_template
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +51,70 @@ def test_template_without_eos_is_rejected(tok):
     no_eos = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     with pytest.raises(ValueError, match="end-of-sequence token"):
         follow_up_turn(tok, "Confidence?", [tok.eos_token_id], chat_template=no_eos)
+
+
+# -- templates that render the last assistant turn differently: TRL's prefix-preserving training versions ---------
+def _qwen_cases():
+    for name in QWEN3_CHAT_TEMPLATES:
+        for thinking in (True, False):
+            kwargs = {"enable_thinking": thinking}
+            if name == "qwen3_8":  # prefix-preserving as shipped (preserve_thinking defaults on); not without it
+                kwargs["preserve_thinking"] = False
+            yield pytest.param(name, kwargs, id=f"{name}-{'think' if thinking else 'nothink'}")
+
+
+@pytest.mark.parametrize("name, kwargs", list(_qwen_cases()))
+def test_qwen3_family_templates_use_trls_training_version(name, kwargs):
+    """The template as shipped is refused; the tokenizer's own gets TRL's training version, and token concatenation
+    of a sampled answer then renders exactly as that template renders the whole conversation."""
+    _, tok = tiny_qwen3_lm(name)
+    eos = [tok.eos_token_id]
+    with pytest.raises(NotPrefixPreservingError, match="renders the first turns differently"):
+        follow_up_turn(tok, "Confidence?", eos, chat_template=trl_chat_template(name), **kwargs)
+
+    turn = follow_up_turn(tok, "Confidence?", eos, **kwargs)
+    training = trl_chat_template(f"{name}_training")
+    assert turn.chat_template == training
+
+    question = [{"role": "user", "content": "What is 2+3?"}]
+    prompt_ids = tok.apply_chat_template(question, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                         chat_template=turn.chat_template, **kwargs)
+    prompt_text = tok.decode(prompt_ids)
+    opened = prompt_text.endswith("<think>\n")  # generation prompts that open the reasoning block for the model
+    closed = prompt_text.endswith("</think>\n\n")  # thinking off: an empty block, closed
+    sampled = "<answer>5</answer>" if closed else ("" if opened else "<think>\n") + "add\n</think>\n\n<answer>5</answer>"
+    answer_ids = tok.encode(sampled, add_special_tokens=False) + eos
+    ids = turn.prompt_ids(prompt_ids, answer_ids, eos)
+    assert ids[: len(prompt_ids) + len(answer_ids)] == list(prompt_ids) + answer_ids
+
+    # the answer as a message, its reasoning apart (as TRL's response parsing gives it)
+    answer = {"role": "assistant", "content": "<answer>5</answer>", "reasoning_content": "" if closed else "add"}
+    conversation = question + [answer, {"role": "user", "content": "Confidence?"}]
+    rendered = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
+                                       chat_template=training, **kwargs)
+    assert tok.decode(ids) == rendered
+    # the shipped template would re-render the answer's turn differently: that is why it is refused
+    shipped = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
+                                      chat_template=trl_chat_template(name), **kwargs)
+    assert shipped != rendered
+
+
+def test_prefix_preserving_template_is_kept(tok):
+    turn = follow_up_turn(tok, "Confidence?", [tok.eos_token_id])
+    assert turn.chat_template is None  # SmolLM2's own ChatML template
+    tok = tiny_tokenizer()
+    tok.chat_template = trl_chat_template("qwen2_5")
+    assert follow_up_turn(tok, "Confidence?", [tok.eos_token_id]).chat_template is None
+
+
+def test_template_without_a_training_version_is_refused_with_the_fix(tok):
+    tok = tiny_tokenizer()
+    # renders the last assistant turn with a marker it drops once another message follows; TRL does not know it
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and loop.last %}[last] "
+        "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% endif %}"
+    )
+    with pytest.raises(ValueError, match=r"TRL ships no prefix-preserving training version of it\. Set "
+                                         r"`tokenizer.chat_template`"):
+        follow_up_turn(tok, "Confidence?", [tok.eos_token_id])

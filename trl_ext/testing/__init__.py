@@ -1,7 +1,8 @@
 """Test harnesses shared by every trainer's tests, importable by users who test their own extensions.
 
 - `config`: `cpu_test_args`, trainer arguments for a few fast CPU steps.
-- `tiny_model`: a tiny random-weight causal LM with the real SmolLM2 chat-template tokenizer, built at run time.
+- `tiny_model`: tiny random-weight causal LMs with real chat-template tokenizers (SmolLM2's; Qwen3-family templates
+  on a tiny Qwen3), built at run time.
 - `scripted`: replace generation by a function of the prompt ids, and record the batches a trainer builds.
 - `multiprocess`: run a script under `torchrun --nproc_per_node N` (gloo on CPU) and collect each rank's results.
 - `vllm_server`: a loopback OpenAI-compatible server, and TRL's real vLLM server-mode client pointed at it.
@@ -10,7 +11,14 @@
 from .config import cpu_test_args
 from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_result
 from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, tool_call_text
-from .tiny_model import tiny_causal_lm, tiny_checkpoint, tiny_tokenizer
+from .tiny_model import (
+    QWEN3_CHAT_TEMPLATES,
+    tiny_causal_lm,
+    tiny_checkpoint,
+    tiny_qwen3_lm,
+    tiny_tokenizer,
+    trl_chat_template,
+)
 from .vllm_server import LoopbackVLLMServer, vllm_server_mode
 from .weights import changed_parameters, snapshot_parameters
 
@@ -19,6 +27,7 @@ __all__ = [
     "BatchRecorder",
     "GenerationCall",
     "LoopbackVLLMServer",
+    "QWEN3_CHAT_TEMPLATES",
     "RankResults",
     "ScriptedGeneration",
     "changed_parameters",
@@ -27,8 +36,10 @@ __all__ = [
     "snapshot_parameters",
     "tiny_causal_lm",
     "tiny_checkpoint",
+    "tiny_qwen3_lm",
     "tiny_tokenizer",
     "tool_call_text",
+    "trl_chat_template",
     "vllm_server_mode",
     "weights_digest",
     "write_rank_result",

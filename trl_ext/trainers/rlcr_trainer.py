@@ -4,6 +4,10 @@ Per prompt, `G_a` answers are sampled; then, for each answer, `G_c` confidences 
 context is the prompt, that answer, and a user message asking for a confidence. Accuracy rewards the answers, the
 Brier score rewards the confidences against their own answer's correctness, and both row types train in one update.
 
+The turn-2 prompt is built on token ids, so it is exactly what the model sampled in plus the template's follow-up
+tokens; templates that render earlier assistant turns differently once a user message follows (Qwen3 and its
+successors) are swapped for TRL's prefix-preserving training version, for both turns, as TRL does for tool turns.
+
 Both turns run through `GRPOTrainer._generate_and_score_completions`, so generation (vLLM server/colocate,
 transformers), old/ref log-probs and vLLM's importance-sampling correction are TRL's own. The confidence turn runs it
 inside `_confidence_turn()`, which scopes what differs for that call: the group size (`G_c`), the reward function
@@ -123,6 +127,11 @@ class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
             chat_template=self.chat_template,
             **self.chat_template_kwargs,
         )
+        if self._turn.chat_template != self.chat_template:
+            # As GRPOTrainer does for tool turns: both turns render with TRL's prefix-preserving training template.
+            logger.info("The chat template renders the last assistant turn differently once a user message follows; "
+                        "prompts are rendered with TRL's prefix-preserving training version of it.")
+            self.chat_template = self._turn.chat_template
         self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
         self._turn2_prompt_ids = None  # set while the confidence turn generates
