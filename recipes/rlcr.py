@@ -44,9 +44,17 @@ class RLCRScriptArguments(RecipeScriptArguments):
     Parameters:
         eval_only (`bool`, *optional*, defaults to `False`):
             Only evaluate `--model_name_or_path` (greedy answer + confidence) and write the calibration report.
+        rlcr_paper_metrics (`bool`, *optional*, defaults to `False`):
+            Also report ECE, Brier and AUROC in the RLCR paper's convention (a confidence on a bin edge in the upper
+            bin, unparsable confidences scored as 0), to compare with its numbers; ours are always reported.
     """
 
     eval_only: bool = field(default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."})
+    rlcr_paper_metrics: bool = field(
+        default=False,
+        metadata={"help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
+                          "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."},
+    )
 
 
 def datasets_for(script_args, training_args):
@@ -58,9 +66,9 @@ def datasets_for(script_args, training_args):
     return train, evaluation
 
 
-def evaluate_and_plot(model, tokenizer, evaluation, training_args, name):
+def evaluate_and_plot(model, tokenizer, evaluation, training_args, name, rlcr_paper_metrics=False):
     """Greedy evaluation; writes `reliability_<name>.png` and every answer/confidence to `eval_<name>.json`."""
-    result = evaluate_calibration(model, tokenizer, evaluation, training_args)
+    result = evaluate_calibration(model, tokenizer, evaluation, training_args, rlcr_paper_convention=rlcr_paper_metrics)
     output_dir = Path(training_args.output_dir)
     reliability_diagram(result.report, output_dir / f"reliability_{name}.png",
                         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}")
@@ -86,6 +94,13 @@ def _auroc(value):
     return "n/a" if value is None else f"{value:.3f}"  # undefined without both classes
 
 
+def _paper_line(result):
+    r = result.paper_report
+    if r is None:
+        return ""
+    return f"\n        RLCR paper's convention: ECE {r.ece:.3f}  Brier {r.brier:.3f}  AUROC {_auroc(r.auroc)}"
+
+
 def main(script_args, training_args, model_args):
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -96,10 +111,10 @@ def main(script_args, training_args, model_args):
 
     if script_args.eval_only:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
-        result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval")
+        result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval", script_args.rlcr_paper_metrics)
         write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
         print(f"accuracy {result.accuracy:.3f}  ECE {result.report.ece:.3f}  Brier {result.report.brier:.3f}  "
-              f"AUROC {_auroc(result.report.auroc)}  -> {output_dir}")
+              f"AUROC {_auroc(result.report.auroc)}{_paper_line(result)}  -> {output_dir}")
         return
 
     training_args.model_init_kwargs = {
@@ -120,7 +135,8 @@ def main(script_args, training_args, model_args):
     can_evaluate = evaluation is not None and not zero3
     report = {"model": model_path}
     if can_evaluate and trainer.accelerator.is_main_process:
-        report["before"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "before")
+        report["before"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "before",
+                                             script_args.rlcr_paper_metrics)
     trainer.accelerator.wait_for_everyone()
 
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -128,7 +144,8 @@ def main(script_args, training_args, model_args):
 
     if trainer.accelerator.is_main_process:
         if can_evaluate:
-            report["after"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "after")
+            report["after"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "after",
+                                                script_args.rlcr_paper_metrics)
             plot_reliability_diagrams({k: report[k].report for k in ("before", "after")},
                                       output_dir / "reliability_before_after.png", title="RLCR: before vs after")
         plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
@@ -141,7 +158,8 @@ def main(script_args, training_args, model_args):
             if name in report:
                 r = report[name]
                 print(f"{name:>6}: accuracy {r.accuracy:.3f}  ECE {r.report.ece:.3f}  Brier {r.report.brier:.3f}  "
-                      f"AUROC {_auroc(r.report.auroc)}  confidence parse failures {r.confidence_parse_fail_rate:.0%}")
+                      f"AUROC {_auroc(r.report.auroc)}  confidence parse failures {r.confidence_parse_fail_rate:.0%}"
+                      f"{_paper_line(r)}")
         print(f"report and plots in {output_dir}")
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:

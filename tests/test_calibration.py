@@ -16,6 +16,7 @@ from trl_ext.calibration import (
     brier_score,
     calibration_report,
     expected_calibration_error,
+    num_bins,
     plot_reliability_diagrams,
     reliability_bins,
     reliability_diagram,
@@ -320,3 +321,72 @@ def test_correct_must_be_binary(bad):
 def test_two_dimensional_input_rejected():
     with pytest.raises(ValueError, match="1-D"):
         brier_score([[0.5, 0.5]], [[1, 0]])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The RLCR paper's convention: edges to the upper bin, 1.0 alone, unparsable confidences scored as 0
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_paper_convention_bin_indices():
+    c = [0.0, 0.1, 0.3, 0.29999999, 0.35, 0.99, 1.0, None, float("nan")]
+    assert bin_indices(c, convention="rlcr_paper").tolist() == [0, 1, 3, 2, 3, 9, 10, 0, 0]
+    assert num_bins(10, "rlcr_paper") == 11 and num_bins(10) == 10
+    assert bin_indices([0.5, 1.0], n_bins=2, convention="rlcr_paper").tolist() == [1, 2]
+
+
+def test_conventions_agree_when_no_confidence_sits_on_an_edge_that_regroups():
+    # 0.9, 0.2, 0.3 move one bin up together with their siblings: the same groups, the same ECE (0.28)
+    assert expected_calibration_error(CONF, CORRECT, convention="rlcr_paper") == pytest.approx(0.28)
+
+
+@pytest.mark.parametrize(
+    "c, y, standard, paper",
+    [
+        # 0.3 | 0.35 (standard: two bins) vs 0.3, 0.35 in [0.3, 0.4): |0.5 - 0.325|
+        ([0.3, 0.35], [1, 0], 0.5 * 0.7 + 0.5 * 0.35, 0.175),
+        # 0.1 joins 0.15 in [0.1, 0.2)
+        ([0.1, 0.15], [1, 0], 0.5 * 0.9 + 0.5 * 0.15, 0.375),
+        # 1.0 and 0.95 share (0.9, 1] in ours; 1.0 has a bin of its own in the paper's
+        ([1.0, 0.95], [0, 1], 0.475, 0.5 * 1.0 + 0.5 * 0.05),
+        # 0.0 is in bin 0 in both: |0.5 - 0.025|
+        ([0.0, 0.05], [0, 1], 0.475, 0.475),
+    ],
+)
+def test_paper_convention_ece_by_hand(c, y, standard, paper):
+    assert expected_calibration_error(c, y) == pytest.approx(standard)
+    assert expected_calibration_error(c, y, convention="rlcr_paper") == pytest.approx(paper)
+
+
+def test_paper_convention_scores_unparsable_confidences_as_zero():
+    c, y = [0.8, None, float("nan")], [1, 0, 1]
+    with pytest.raises(ValueError, match="Filter out unparsable"):
+        calibration_report(c, y)  # ours: drop them first
+    ours = calibration_report([0.8], [1])
+    assert (ours.n, ours.ece, ours.brier) == (1, pytest.approx(0.2), pytest.approx(0.04))
+
+    paper = calibration_report(c, y, convention="rlcr_paper")
+    assert paper.n == 3 and paper.convention == "rlcr_paper"
+    assert paper.accuracy == pytest.approx(2 / 3)
+    assert paper.mean_confidence == pytest.approx(0.8 / 3)
+    # bin 0: {0, 0} accuracy 1/2 -> 0.5 * 2/3; bin 8: {0.8} accuracy 1 -> 0.2 * 1/3
+    assert paper.ece == pytest.approx(0.5 * 2 / 3 + 0.2 / 3)
+    assert paper.brier == pytest.approx((0.04 + 0 + 1) / 3)
+    assert paper.auroc == pytest.approx(0.75)  # positives {0.8, 0} vs negative {0}: 1 + 1/2 over 2 pairs
+    assert brier_score(c, y, convention="rlcr_paper") == pytest.approx(paper.brier)
+    assert auroc(c, y, convention="rlcr_paper") == pytest.approx(0.75)
+
+
+def test_paper_convention_report_bins():
+    report = calibration_report([1.0, 0.3], [1, 0], convention="rlcr_paper")
+    assert report.n_bins == 10 and len(report.bins) == 11
+    assert report.bins[10] == {"lower": 1.0, "upper": 1.0, "count": 1, "mean_confidence": 1.0, "accuracy": 1.0}
+    assert report.bins[3]["count"] == 1 and report.bins[3]["lower"] == 0.3
+    d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert d["convention"] == "rlcr_paper" and d["ece"] == pytest.approx(0.15)
+    assert calibration_report([0.3], [0]).to_dict()["convention"] == "standard"
+
+
+def test_unknown_convention_is_named():
+    with pytest.raises(ValueError, match=r"convention must be one of \('standard', 'rlcr_paper'\), got 'torch'"):
+        expected_calibration_error([0.5], [1], convention="torch")

@@ -100,10 +100,21 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     assert "library_name: peft" in card and "- rlcr" in card and "@article{damani2025beyond" in card
     assert "Training data: the local file `data.jsonl`." in card and "| ECE (after) |" in card
 
-    evaluate = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--eval_only", "--model_name_or_path", model, *common]
+    assert "rlcr_paper" not in metrics["after"]  # ours only, unless asked
+
+    evaluate = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--eval_only", "--model_name_or_path", model,
+                "--rlcr_paper_metrics", *common]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (out / "reliability_eval.png").is_file() and "eval" in json.loads((out / "metrics.json").read_text())
+    assert (out / "reliability_eval.png").is_file()
+    metrics = json.loads((out / "metrics.json").read_text())["eval"]
+    rows = json.loads((out / "eval_eval.json").read_text())
+    # ours over the parsed confidences; the paper's over every row, unparsable ones as 0
+    assert metrics["n"] == sum(r["confidence"] is not None for r in rows)
+    assert metrics["rlcr_paper"]["n"] == metrics["num_rows"] == 4
+    assert metrics["rlcr_paper"]["convention"] == "rlcr_paper"
+    assert metrics["rlcr_paper"]["mean_confidence"] == pytest.approx(sum(r["confidence"] or 0 for r in rows) / 4)
+    assert "RLCR paper's convention: ECE" in proc.stdout
 
 
 @pytest.mark.slow

@@ -9,12 +9,24 @@ stated confidence matches the empirical accuracy:
 - `calibration_report`: all of the above plus per-bin statistics, JSON-serialisable through `to_dict()`;
 - `reliability_diagram` / `plot_reliability_diagrams`: PNG reliability diagrams, one panel or several side by side.
 
-Binning follows the calibration literature (Guo et al., 2017): with n bins, bin k covers (k/n, (k+1)/n] and a
-confidence of exactly 0 falls in bin 0. Edges are `np.arange(n + 1) / n`, so an edge such as 0.3 is the same float as
-the literal 0.3 (`np.linspace` would give 0.30000000000000004 and misplace it).
+Two conventions, named by `convention=`:
 
-Inputs are validated: confidences must lie in [0, 1] and not be NaN, so completions whose confidence could not be
-parsed have to be filtered out (or scored separately) before calling. Plotting uses matplotlib's object-oriented
+- `"standard"` (the default, ours): binning follows the calibration literature (Guo et al., 2017): with n bins, bin
+  k covers (k/n, (k+1)/n] and a confidence of exactly 0 falls in bin 0. Confidences must lie in [0, 1] and not be
+  None or NaN: completions whose confidence could not be parsed are filtered out before calling (and counted
+  apart, as a parse-failure rate), so the metrics describe the confidences the model did state.
+- `"rlcr_paper"`: the convention of the RLCR paper's numbers (Damani et al., 2025), as torchmetrics'
+  `binary_calibration_error` bins: bin k covers [k/n, (k+1)/n), so a confidence on an edge goes to the upper bin, and
+  a confidence of exactly 1 gets a bin of its own (n + 1 bins). Unparsable confidences (None or NaN) are scored as
+  confidence 0 instead of being dropped, in every metric. Use it to compare with the paper; the two differ whenever
+  stated confidences sit on bin edges (round numbers such as 0.3 or 0.7, i.e. almost always with an LLM) or some
+  fail to parse.
+
+Edges are `np.arange(n + 1) / n` in both conventions, so an edge such as 0.3 is the same float as the literal 0.3.
+This is why the paper convention is computed here rather than by torchmetrics: torchmetrics builds its edges with
+`linspace` in the inputs' dtype, and in float64 the edge 0.3 is 0.30000000000000004, so a stated 0.3 lands in the bin
+below (e.g. confidences [0.3, 0.35] with outcomes [1, 0]: ECE 0.525 in float64 instead of 0.175) - exactly on the
+edge values where the conventions differ. Plotting uses matplotlib's object-oriented
 `Figure` API with an Agg canvas: neither importing this module nor drawing touches pyplot or the global backend.
 Matplotlib and scikit-learn are imported on first use.
 """
@@ -32,6 +44,7 @@ import numpy as np
 
 
 NUM_BINS = 10
+CONVENTIONS = ("standard", "rlcr_paper")
 
 _FILTER_HINT = (
     "Filter out unparsable confidences first (completions whose stated confidence is missing, not a number or outside "
@@ -44,14 +57,27 @@ _FILTER_HINT = (
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _as_confidences(confidences: Any) -> np.ndarray:
-    """The confidences as a 1-D float64 array; ValueError if any is non-numeric, NaN or outside [0, 1]."""
+def _check_convention(convention: str) -> str:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}.")
+    return convention
+
+
+def _as_confidences(confidences: Any, convention: str = "standard") -> np.ndarray:
+    """The confidences as a 1-D float64 array; ValueError if any is non-numeric, NaN or outside [0, 1].
+
+    With `convention="rlcr_paper"`, None and NaN (unparsable confidences) become 0.
+    """
+    if _check_convention(convention) == "rlcr_paper":
+        confidences = [0.0 if x is None else x for x in confidences]
     try:
         c = np.asarray(confidences, dtype=np.float64)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"confidences must be numbers in [0, 1] ({exc}). {_FILTER_HINT}") from None
     if c.ndim != 1:
         raise ValueError(f"confidences must be a 1-D sequence, got an array of shape {c.shape}.")
+    if convention == "rlcr_paper":
+        c = np.where(np.isnan(c), 0.0, c)
     bad = np.flatnonzero(~((c >= 0.0) & (c <= 1.0)))  # NaN fails both comparisons
     if bad.size:
         i = int(bad[0])
@@ -77,8 +103,8 @@ def _as_correct(correct: Any) -> np.ndarray:
     return y
 
 
-def _validate(confidences: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
-    c = _as_confidences(confidences)
+def _validate(confidences: Any, correct: Any, convention: str = "standard") -> tuple[np.ndarray, np.ndarray]:
+    c = _as_confidences(confidences, convention)
     y = _as_correct(correct)
     if len(c) != len(y):
         raise ValueError(
@@ -104,23 +130,39 @@ def bin_edges(n_bins: int = NUM_BINS) -> np.ndarray:
     return np.arange(n_bins + 1) / n_bins
 
 
-def bin_indices(confidences: Sequence[float] | np.ndarray, n_bins: int = NUM_BINS) -> np.ndarray:
-    """Bin index (0 .. n_bins-1) of each confidence: bin k covers (k/n, (k+1)/n], and 0.0 goes to bin 0.
+def num_bins(n_bins: int = NUM_BINS, convention: str = "standard") -> int:
+    """How many bins a convention uses: `n_bins`, plus the bin of confidence 1 in the `"rlcr_paper"` convention."""
+    return _check_n_bins(n_bins) + (_check_convention(convention) == "rlcr_paper")
 
-    With 10 bins: 0.1 -> 0, 0.3 -> 2, 0.30000001 -> 3, 1.0 -> 9, 0.0 -> 0.
+
+def bin_indices(
+    confidences: Sequence[float] | np.ndarray, n_bins: int = NUM_BINS, convention: str = "standard"
+) -> np.ndarray:
+    """Bin index of each confidence.
+
+    `"standard"`: bin k (0 .. n_bins-1) covers (k/n, (k+1)/n], and 0.0 goes to bin 0. With 10 bins: 0.1 -> 0,
+    0.3 -> 2, 0.30000001 -> 3, 1.0 -> 9, 0.0 -> 0.
+
+    `"rlcr_paper"`: bin k covers [k/n, (k+1)/n), and 1.0 goes to bin n_bins of its own; unparsable (None, NaN) counts
+    as 0. With 10 bins: 0.1 -> 1, 0.3 -> 3, 0.29999999 -> 2, 1.0 -> 10, 0.0 -> 0, None -> 0.
     """
     edges = bin_edges(n_bins)
-    c = _as_confidences(confidences)
+    c = _as_confidences(confidences, convention)
+    if convention == "rlcr_paper":
+        return (np.searchsorted(edges, c, side="right") - 1).astype(np.int64)
     idx = np.searchsorted(edges, c, side="left") - 1
     return np.clip(idx, 0, len(edges) - 2).astype(np.int64)
 
 
-def _bin_stats(c: np.ndarray, y: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin_stats(
+    c: np.ndarray, y: np.ndarray, n_bins: int, convention: str = "standard"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-bin count, mean confidence and accuracy (NaN for empty bins) for validated inputs."""
-    idx = bin_indices(c, n_bins)
-    counts = np.bincount(idx, minlength=n_bins)
-    sum_conf = np.bincount(idx, weights=c, minlength=n_bins)
-    sum_acc = np.bincount(idx, weights=y, minlength=n_bins)
+    idx = bin_indices(c, n_bins, convention)
+    size = num_bins(n_bins, convention)
+    counts = np.bincount(idx, minlength=size)
+    sum_conf = np.bincount(idx, weights=c, minlength=size)
+    sum_acc = np.bincount(idx, weights=y, minlength=size)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_conf = np.where(counts > 0, sum_conf / counts, np.nan)
         acc = np.where(counts > 0, sum_acc / counts, np.nan)
@@ -128,13 +170,19 @@ def _bin_stats(c: np.ndarray, y: np.ndarray, n_bins: int) -> tuple[np.ndarray, n
 
 
 def reliability_bins(
-    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, n_bins: int = NUM_BINS
+    confidences: Sequence[float] | np.ndarray,
+    correct: Sequence[Any] | np.ndarray,
+    n_bins: int = NUM_BINS,
+    convention: str = "standard",
 ) -> list[dict[str, float | int]]:
-    """Per-bin statistics: `lower`, `upper`, `count`, `mean_confidence` and `accuracy` (the last two NaN if empty)."""
+    """Per-bin statistics: `lower`, `upper`, `count`, `mean_confidence` and `accuracy` (the last two NaN if empty).
+
+    In the `"rlcr_paper"` convention the last bin holds confidence 1 alone (`lower == upper == 1.0`).
+    """
     n_bins = _check_n_bins(n_bins)
-    c, y = _validate(confidences, correct)
-    edges = bin_edges(n_bins)
-    counts, mean_conf, acc = _bin_stats(c, y, n_bins)
+    c, y = _validate(confidences, correct, convention)
+    edges = np.append(bin_edges(n_bins), 1.0) if convention == "rlcr_paper" else bin_edges(n_bins)
+    counts, mean_conf, acc = _bin_stats(c, y, n_bins, convention)
     return [
         {
             "lower": float(edges[k]),
@@ -143,37 +191,44 @@ def reliability_bins(
             "mean_confidence": float(mean_conf[k]),
             "accuracy": float(acc[k]),
         }
-        for k in range(n_bins)
+        for k in range(len(counts))
     ]
 
 
 def expected_calibration_error(
-    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, n_bins: int = NUM_BINS
+    confidences: Sequence[float] | np.ndarray,
+    correct: Sequence[Any] | np.ndarray,
+    n_bins: int = NUM_BINS,
+    convention: str = "standard",
 ) -> float:
     """ECE = sum over bins of (n_b / N) * |accuracy_b - mean_confidence_b|; NaN for empty input."""
     n_bins = _check_n_bins(n_bins)
-    c, y = _validate(confidences, correct)
+    c, y = _validate(confidences, correct, convention)
     if len(c) == 0:
         return float("nan")
-    counts, mean_conf, acc = _bin_stats(c, y, n_bins)
+    counts, mean_conf, acc = _bin_stats(c, y, n_bins, convention)
     nonempty = counts > 0
     return float(np.sum(counts[nonempty] / len(c) * np.abs(acc[nonempty] - mean_conf[nonempty])))
 
 
-def brier_score(confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray) -> float:
+def brier_score(
+    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, convention: str = "standard"
+) -> float:
     """Mean of (confidence - correct)^2; NaN for empty input."""
-    c, y = _validate(confidences, correct)
+    c, y = _validate(confidences, correct, convention)
     if len(c) == 0:
         return float("nan")
     return float(np.mean((c - y) ** 2))
 
 
-def auroc(confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray) -> float | None:
+def auroc(
+    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, convention: str = "standard"
+) -> float | None:
     """Area under the ROC curve of confidence as a predictor of correctness (ties count one half).
 
     None when it is undefined: empty input, or only correct (or only incorrect) answers.
     """
-    c, y = _validate(confidences, correct)
+    c, y = _validate(confidences, correct, convention)
     if len(c) == 0 or np.unique(y).size < 2:
         return None
     from sklearn.metrics import roc_auc_score
@@ -210,10 +265,13 @@ class CalibrationReport:
     auroc: float | None
     mean_confidence: float
     bins: list[dict[str, float | int]] = field(default_factory=list)
+    convention: str = "standard"
+    """How bins and unparsable confidences were treated (see the module docstring)."""
 
     @property
     def n_bins(self) -> int:
-        return len(self.bins)
+        """The `n_bins` the report was computed with (the `"rlcr_paper"` convention adds the bin of confidence 1)."""
+        return len(self.bins) - (self.convention == "rlcr_paper")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict: NaN becomes None, numpy scalars become Python numbers."""
@@ -224,20 +282,27 @@ class CalibrationReport:
 
 
 def calibration_report(
-    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, n_bins: int = NUM_BINS
+    confidences: Sequence[float] | np.ndarray,
+    correct: Sequence[Any] | np.ndarray,
+    n_bins: int = NUM_BINS,
+    convention: str = "standard",
 ) -> CalibrationReport:
-    """Accuracy, ECE, Brier score, AUROC, mean confidence and per-bin statistics in one report."""
+    """Accuracy, ECE, Brier score, AUROC, mean confidence and per-bin statistics in one report.
+
+    With `convention="rlcr_paper"`, pass every row: unparsable confidences (None or NaN) are scored as 0.
+    """
     n_bins = _check_n_bins(n_bins)
-    c, y = _validate(confidences, correct)
+    c, y = _validate(confidences, correct, convention)
     n = len(c)
     return CalibrationReport(
         n=n,
         accuracy=float(np.mean(y)) if n else float("nan"),
-        ece=expected_calibration_error(c, y, n_bins),
+        ece=expected_calibration_error(c, y, n_bins, convention),
         brier=brier_score(c, y),
         auroc=auroc(c, y),
         mean_confidence=float(np.mean(c)) if n else float("nan"),
-        bins=reliability_bins(c, y, n_bins),
+        bins=reliability_bins(c, y, n_bins, convention),
+        convention=convention,
     )
 
 
@@ -392,6 +457,7 @@ def plot_reliability_diagrams(
 
 
 __all__ = [
+    "CONVENTIONS",
     "NUM_BINS",
     "CalibrationReport",
     "auroc",
@@ -400,6 +466,7 @@ __all__ = [
     "brier_score",
     "calibration_report",
     "expected_calibration_error",
+    "num_bins",
     "plot_reliability_diagrams",
     "reliability_bins",
     "reliability_diagram",

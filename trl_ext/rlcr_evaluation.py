@@ -1,5 +1,8 @@
 """Greedy answer + confidence evaluation of an RLCR model: accuracy, ECE, Brier, AUROC, reliability diagram.
 
+Metrics are ours (the standard bins, over the confidences that parse; the parse-failure rate apart) and, on request,
+also in the RLCR paper's convention, to compare with its numbers ([`~trl_ext.calibration`] explains both).
+
 The confidence turn is built exactly as in training ([`~trl_ext.core.turns.FollowUpTurn`] on token ids), with the
 same parsers, so evaluation measures the behaviour that training shapes.
 """
@@ -30,6 +33,9 @@ class CalibrationEvaluation:
     rows: list[dict] = field(default_factory=list)
     num_missing_gold: int = 0
     """Rows left out because they have no gold answer to judge against (`None`, NaN, blank)."""
+    paper_report: CalibrationReport | None = None
+    """The same rows in the RLCR paper's convention (every row, unparsable confidences as 0; see
+    [`~trl_ext.calibration`]), when asked for."""
 
     def to_dict(self) -> dict:
         return {
@@ -38,6 +44,7 @@ class CalibrationEvaluation:
             "confidence_parse_fail_rate": self.confidence_parse_fail_rate,
             "num_rows": len(self.rows),
             "num_missing_gold": self.num_missing_gold,
+            **({"rlcr_paper": self.paper_report.to_dict()} if self.paper_report is not None else {}),
         }
 
 
@@ -65,6 +72,7 @@ def evaluate_calibration(
     batch_size: int = 16,
     accuracy_func: Callable[[str, str], bool] = verify_answer,
     progress: bool = True,
+    rlcr_paper_convention: bool = False,
 ) -> CalibrationEvaluation:
     """Answer each prompt greedily, ask for a confidence in a second turn, and score calibration.
 
@@ -74,6 +82,8 @@ def evaluate_calibration(
         args: An [`RLCRMultiTurnConfig`] (tags, confidence prompt, generation lengths, chat template kwargs).
         batch_size: Prompts per generation batch.
         accuracy_func: `f(gold, prediction) -> bool`, as in training.
+        rlcr_paper_convention: Also score the rows in the RLCR paper's convention (`paper_report`), to compare with
+            its numbers.
 
     Rows without a gold answer are not evaluated (they would count as wrong); `num_missing_gold` counts them.
     """
@@ -89,7 +99,8 @@ def evaluate_calibration(
         batch = dataset[start : start + batch_size]
         prompts = [
             [int(t) for t in tokenizer.apply_chat_template(
-                p, add_generation_prompt=True, tokenize=True, return_dict=False, **(args.chat_template_kwargs or {})
+                p, add_generation_prompt=True, tokenize=True, return_dict=False, chat_template=turn.chat_template,
+                **(args.chat_template_kwargs or {}),
             )]
             for p in batch["prompt"]
         ]
@@ -112,10 +123,15 @@ def evaluate_calibration(
     parsed = [r for r in rows if r["confidence"] is not None]
     report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])
     n = max(len(rows), 1)
+    paper_report = None
+    if rlcr_paper_convention:
+        confidences, correct = [r["confidence"] for r in rows], [r["correct"] for r in rows]
+        paper_report = calibration_report(confidences, correct, convention="rlcr_paper")
     return CalibrationEvaluation(
         report=report,
         accuracy=sum(r["correct"] for r in rows) / n,
         confidence_parse_fail_rate=1 - len(parsed) / n,
         rows=rows,
         num_missing_gold=num_missing_gold,
+        paper_report=paper_report,
     )
