@@ -7,8 +7,9 @@ Results: benchmarks/results/absolute_zero_<part>.json and .png.
 
 overhead: both trainers get scripted completions of one fixed length, so generation cost is identical by
 construction and excluded; the ratio measures what self-play adds per step around generation (scoring every
-question's responses, the learnability filter, two TRL batch builds) at equal generated tokens. Median `step_time`
-after one warm-up step.
+question's responses, the learnability filter, two TRL batch builds) at equal generated tokens. Both trainers are
+built once and run one step each in turn (A B A B ...), so load on a shared machine lands on both alike; min, median
+and spread of `step_time` after one warm-up step, and the ratios of the medians and of the mins.
 
 curves: the recipe's CPU default (real generation, lenient parsing) for a few steps; per step the number of
 generation calls, the generated tokens per role, the learnable ratio and the repropose attempts.
@@ -18,12 +19,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import fixed_length, load_model, step_times
+from common import (
+    fixed_length,
+    interleaved_step_times,
+    load_model,
+    machine_load,
+    plot_step_times,
+    summarize,
+)
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.recipe import plot_learning_curves, with_default_config, write_json
@@ -60,8 +67,6 @@ def overhead(steps: int) -> dict:
     az = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=seed_prompts(64, 0),
                              processing_class=tok, parse_question=task.parse_question,
                              solver_prompt_fn=task.solver_prompt_fn)
-    with ScriptedGeneration(az, self_play):
-        az.train()
     generated = prompts * (k + k * g) * length
 
     # Plain GRPO generating the same number of tokens: prompts * (K + K * G) completions of the same length.
@@ -72,27 +77,29 @@ def overhead(steps: int) -> dict:
     data = seed_prompts(64, 0).map(lambda row: {"solution": "2"})
     grpo = GRPOTrainer(model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data,
                        processing_class=tok)
-    with ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2]):
-        grpo.train()
 
-    az_times, grpo_times = step_times(az)[1:], step_times(grpo)[1:]
-    result = {
+    load_before = machine_load()
+    times = interleaved_step_times({
+        "grpo": (grpo, ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2])),
+        "absolute_zero": (az, ScriptedGeneration(az, self_play)),
+    })
+    summary = summarize(times, baseline="grpo")
+    ratios = summary["absolute_zero"]["vs_grpo"]
+    return {
         "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU",
         "generated_tokens_per_step": generated,
         "absolute_zero_rows_trained_per_step": prompts * g + prompts,
         "grpo_rows_trained_per_step": rows,
         "measured_steps": steps,
-        "absolute_zero_step_time_s": az_times,
-        "grpo_step_time_s": grpo_times,
-        "absolute_zero_median_s": statistics.median(az_times),
-        "grpo_median_s": statistics.median(grpo_times),
+        "order": "interleaved: one step of grpo, then one of absolute_zero, ...; warm-up dropped",
+        "machine_load_before": load_before,
+        "machine_load_after": machine_load(),
         "absolute_zero_generation_calls_per_step": az.state.log_history[0]["generation/calls"],
+        "step_times": summary,
+        # Self-play trains fewer rows than it generates (one question's responses per prompt, one proposal): per
+        # trained row, the cost of the filter and the extra scoring shows.
+        "ratio_of_medians_per_trained_row": ratios["ratio_of_medians"] * rows / (prompts * g + prompts),
     }
-    result["ratio"] = result["absolute_zero_median_s"] / result["grpo_median_s"]
-    # Self-play trains fewer rows than it generates (one question's responses per prompt, one proposal): per trained
-    # row, the cost of the filter and the extra scoring shows.
-    result["ratio_per_trained_row"] = result["ratio"] * rows / (prompts * g + prompts)
-    return result
 
 
 def curves(steps: int) -> dict:
@@ -123,10 +130,8 @@ def main():
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps)
-        plot_learning_curves(
-            [{"step": i + 1, "absolute_zero": a, "grpo": g}
-             for i, (a, g) in enumerate(zip(result["absolute_zero_step_time_s"], result["grpo_step_time_s"]))],
-            ["absolute_zero", "grpo"], RESULTS / "absolute_zero_overhead.png", "step time (s), equal generated tokens")
+        plot_step_times({f"equal generated tokens ({result['generated_tokens_per_step']} per step)": result["step_times"]},
+                        "grpo", RESULTS / "absolute_zero_overhead.png", "Absolute Zero vs GRPOTrainer, interleaved steps")
     else:
         result = curves(args.steps)
     write_json(RESULTS / f"absolute_zero_{args.part}.json", result)

@@ -1,8 +1,18 @@
-"""What the benchmark scripts share: the embedded default model, step times, fixed-length scripted completions."""
+"""What the benchmark scripts share: the embedded default model, fixed-length scripted completions, and step times
+measured with the compared configurations interleaved (A B A B ...), so that load on a shared machine lands on every
+configuration alike."""
 
 from __future__ import annotations
 
-from transformers import AutoModelForCausalLM, AutoTokenizer
+import contextlib
+import os
+import random
+import statistics
+import threading
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
 
 from trl_ext import default_model_path
 
@@ -22,3 +32,147 @@ def fixed_length(tokenizer, text: str, n: int) -> list[int]:
     ids = tokenizer.encode(text, add_special_tokens=False)
     filler = tokenizer.encode(" ok", add_special_tokens=False)
     return (ids + filler * n)[: n - 1] + [tokenizer.eos_token_id]
+
+
+def machine_load() -> dict:
+    """The load averages (1, 5, 15 min) and the CPU count, to read a timing against."""
+    return {"load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count()}
+
+
+class _Turns(TrainerCallback):
+    """Lets one trainer at a time run a step, in round-robin order.
+
+    A trainer waits for its turn at the start of each step and passes it on at the start of its next step (or when
+    it finishes), so its whole step, optimizer update and logging included, runs alone. The global RNG state
+    (torch, numpy, random) is saved when a trainer passes its turn and restored when it gets the next one, so each
+    trainer draws the same random numbers as it would running alone (seeded by `args.seed` at its first step).
+    """
+
+    def __init__(self, turns, index):
+        self.turns, self.index = turns, index
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.turns.take(self.index, args.seed)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.turns.leave(self.index)
+
+
+class _Rotation:
+    def __init__(self, n):
+        self.cond = threading.Condition()
+        self.active = list(range(n))
+        self.current = 0
+        self.holder = None
+        self.rng = {}
+
+    def _pass_on(self, index):
+        self.rng[index] = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        self.holder = None
+        position = self.active.index(index)
+        self.current = self.active[(position + 1) % len(self.active)] if len(self.active) > 1 else index
+        self.cond.notify_all()
+
+    def take(self, index, seed):
+        with self.cond:
+            if self.holder == index:
+                self._pass_on(index)
+            self.cond.wait_for(lambda: self.current == index and self.holder is None)
+            self.holder = index
+            if index in self.rng:
+                torch_state, numpy_state, python_state = self.rng[index]
+                torch.set_rng_state(torch_state)
+                np.random.set_state(numpy_state)
+                random.setstate(python_state)
+            else:
+                set_seed(seed)
+
+    def leave(self, index):
+        with self.cond:
+            if self.holder == index:
+                self._pass_on(index)
+            if index in self.active:
+                self.active.remove(index)
+            if self.active and self.current == index:
+                self.current = self.active[0]
+            self.cond.notify_all()
+
+
+def interleaved_step_times(runs: dict) -> dict[str, list[float]]:
+    """Train every trainer of `runs` (`name -> (trainer, context)`, `context` a context manager entered around its
+    `train()`, e.g. `ScriptedGeneration`, or None), one step of each in turn, and return each one's step times
+    (TRL's `step_time`) with the first (warm-up) step dropped.
+
+    Each trainer runs in its own thread, but only the one whose turn it is computes: the configurations share the
+    machine's load step by step instead of one after the other.
+    """
+    rotation = _Rotation(len(runs))
+    errors = []
+
+    def train(index, trainer, context):
+        try:
+            with context or contextlib.nullcontext():
+                trainer.train()
+        except BaseException as error:  # re-raised in the calling thread
+            errors.append(error)
+            rotation.leave(index)
+
+    threads = []
+    for index, (trainer, context) in enumerate(runs.values()):
+        trainer.add_callback(_Turns(rotation, index))
+        threads.append(threading.Thread(target=train, args=(index, trainer, context)))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return {name: step_times(trainer)[1:] for name, (trainer, _) in runs.items()}
+
+
+def summarize(times: dict[str, list[float]], baseline: str) -> dict:
+    """Per configuration: min, median, max and spread ((max - min) / median) of the step times; against `baseline`:
+    the ratio of medians, the ratio of mins, and the median of the step-by-step ratios (step i of a configuration
+    over step i of the baseline, measured next to each other)."""
+    summary = {}
+    for name, values in times.items():
+        median = statistics.median(values)
+        summary[name] = {"min_s": min(values), "median_s": median, "max_s": max(values),
+                         "spread": (max(values) - min(values)) / median, "step_times_s": values}
+    for name, values in times.items():
+        if name != baseline:
+            base = times[baseline]
+            summary[name]["vs_" + baseline] = {
+                "ratio_of_medians": summary[name]["median_s"] / summary[baseline]["median_s"],
+                "ratio_of_mins": summary[name]["min_s"] / summary[baseline]["min_s"],
+                "median_paired_ratio": statistics.median(a / b for a, b in zip(values, base)),
+            }
+    return summary
+
+
+def plot_step_times(panels: dict[str, dict], baseline: str, path, title: str) -> None:
+    """One panel per `summarize` result (`panel title -> summary`): each configuration's step times (points) and
+    median (bar), labelled with its ratios to `baseline`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    width = sum(1 + 1.7 * len(summary) for summary in panels.values())
+    fig = Figure(figsize=(max(width, 5), 3.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (panel, summary) in zip(axes, panels.items()):
+        labels = []
+        for x, (name, stats) in enumerate(summary.items()):
+            values = stats["step_times_s"]
+            ax.scatter([x] * len(values), values, color=f"C{x}", alpha=0.6, s=18)
+            ax.hlines(stats["median_s"], x - 0.3, x + 0.3, color=f"C{x}")
+            ratios = stats.get("vs_" + baseline)
+            labels.append(name if ratios is None else
+                          f"{name}\nmedians {ratios['ratio_of_medians']:.2f}x\nmins {ratios['ratio_of_mins']:.2f}x")
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylabel("step time (s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, axis="y")
+        ax.set_title(panel, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)

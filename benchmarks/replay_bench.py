@@ -7,9 +7,11 @@ Results: benchmarks/results/replay_<part>.json and .png.
 
 overhead: GRPOTrainer and ReplayGRPOTrainer with replay not yet started (it never starts in this run) train on the
 same prompts from the same seed with real generation, so both sample the same completions; the replay trainer also
-collects (log-probs and entropies of the successful rows, buffer update). Median `step_time` after one warm-up step,
-runs interleaved to spread machine noise. A second pair with scripted fixed-length completions excludes generation,
-the bound on the ratio when generation is free (as with a fast vLLM server).
+collects (log-probs and entropies of the successful rows, buffer update). Both trainers are built once and run one
+step each in turn (A B A B ...), each with its own RNG stream, so load on a shared machine lands on both alike; min,
+median and spread of `step_time` after one warm-up step, and the ratios of the medians and of the mins. A second pair
+with scripted fixed-length completions excludes generation, the bound on the ratio when generation is free (as with a
+fast vLLM server).
 
 curves: the same run with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer):
 accuracy per step of the fresh rollouts (replayed rows excluded, and its 4-step moving average), fresh tokens generated per
@@ -24,7 +26,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import fixed_length, load_model, step_times
+from common import (
+    fixed_length,
+    interleaved_step_times,
+    load_model,
+    machine_load,
+    plot_step_times,
+    summarize,
+)
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.data import graded_arithmetic
@@ -58,46 +67,33 @@ def logged(trainer, key):
 
 
 # -- overhead -----------------------------------------------------------------------------------------------------
-def overhead(steps: int, rounds: int) -> dict:
-    result = {"steps": steps, "rounds": rounds}
+def overhead(steps: int) -> dict:
+    result = {"steps": steps, "order": "interleaved: one step of grpo, then one of replay_before_start, ...; "
+                                       "warm-up dropped"}
     for scripted in (False, True):
-        times = {"grpo": [], "replay_before_start": []}
-        tokens = {"grpo": [], "replay_before_start": []}
-        for _ in range(rounds):
-            for name in times:
-                trainer = make_trainer(name != "grpo", steps + 1, 1e-6, replay_start_ratio=1.0)
-                if scripted:
-                    completion = fixed_length(trainer.processing_class, "<think>3 plus 4 is 7.</think><answer>7</answer>", 32)
-                    with ScriptedGeneration(trainer, lambda p, k, completion=completion: completion):
-                        trainer.train()
-                else:
-                    trainer.train()
-                times[name] += step_times(trainer)[1:]
-                tokens[name] += logged(trainer, "num_tokens")[-1:]
-        medians = {name: statistics.median(values) for name, values in times.items()}
+        runs = {}
+        for name in ("grpo", "replay_before_start"):
+            trainer = make_trainer(name != "grpo", steps + 1, 1e-6, replay_start_ratio=1.0)
+            context = None
+            if scripted:
+                completion = fixed_length(trainer.processing_class, "<think>3 plus 4 is 7.</think><answer>7</answer>", 32)
+                context = ScriptedGeneration(trainer, lambda p, k, completion=completion: completion)
+            runs[name] = (trainer, context)
+        load_before = machine_load()
+        times = interleaved_step_times(runs)
         result["scripted" if scripted else "real_generation"] = {
-            "step_times": times,
-            "median_step_time": medians,
-            "num_tokens": tokens,
-            "ratio": medians["replay_before_start"] / medians["grpo"],
+            "machine_load_before": load_before,
+            "machine_load_after": machine_load(),
+            "num_tokens": {name: logged(trainer, "num_tokens")[-1] for name, (trainer, _) in runs.items()},
+            "step_times": summarize(times, baseline="grpo"),
         }
     plot_overhead(result, RESULTS / "replay_overhead.png")
     return result
 
 
 def plot_overhead(result: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 3.4), layout="constrained")
-    FigureCanvasAgg(fig)
-    for ax, part in zip(fig.subplots(1, 2), ("real_generation", "scripted")):
-        times = result[part]["step_times"]
-        ax.boxplot(list(times.values()), tick_labels=["GRPOTrainer", "Replay (before start)"])
-        ax.set_title(f"{part.replace('_', ' ')}: ratio {result[part]['ratio']:.3f}")
-        ax.set_ylabel("step time (s)")
-        ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=110)
+    plot_step_times({part.replace("_", " "): result[part]["step_times"] for part in ("real_generation", "scripted")},
+                    "grpo", path, "Replay GRPO before replay starts vs GRPOTrainer, interleaved steps")
 
 
 # -- curves -------------------------------------------------------------------------------------------------------
@@ -183,13 +179,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "curves"])
     parser.add_argument("--steps", type=int, default=None, help="measured steps (overhead: 4, curves: 24)")
-    parser.add_argument("--rounds", type=int, default=2, help="overhead: interleaved rounds per trainer")
     parser.add_argument("--replay-start", type=float, default=0.25, help="curves: replay_start_ratio")
     parser.add_argument("--learning-rate", type=float, default=1e-5, help="curves: learning rate")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
-        result = overhead(args.steps or 4, args.rounds)
+        result = overhead(args.steps or 4)
     else:
         result = curves(args.steps or 24, args.replay_start, args.learning_rate)
     path = write_json(RESULTS / f"replay_{args.part}.json", result)

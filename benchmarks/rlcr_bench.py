@@ -8,7 +8,9 @@ Results: benchmarks/results/rlcr_<part>.json and .png.
 overhead: both trainers get scripted completions of fixed lengths (generation cost is identical by construction and
 excluded), so the ratio measures what RLCR adds per step: the second scoring pass, turn-2 prompts (longer: they
 contain the answer), span masks, metrics. RLCR runs twice: with the packed loss forward (`share_prefix=True`, the
-default) and with rows scored one by one. Median `step_time` over the measured steps, after one warm-up step.
+default) and with rows scored one by one. The three trainers are built once and run one step each in turn (A B C A B
+C ...), so load on a shared machine lands on all of them alike; per trainer the min, median and spread of
+`step_time` after one warm-up step, and the ratios to GRPO of the medians and of the mins.
 
 calibration: multi-turn RLCR (G_a answers, then G_c confidences per answer) against single-turn RLCR (answer and
 confidence in one completion, reward accuracy + Brier, plain GRPOTrainer), same prompts, seed and learning rate.
@@ -19,12 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import fixed_length, load_model, step_times
+from common import (
+    fixed_length,
+    interleaved_step_times,
+    load_model,
+    machine_load,
+    plot_step_times,
+    summarize,
+)
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -50,24 +58,13 @@ SINGLE_TURN_FORMAT = ANSWER_FORMAT + " Then say how likely your answer is correc
 # -- overhead -----------------------------------------------------------------------------------------------------
 def overhead(steps: int) -> dict:
     answer_len, confidence_len, g_a, g_c = 32, 16, 4, 2
-    tok = AutoTokenizer.from_pretrained(default_model_path())  # each trainer below loads a fresh model
+    tok = AutoTokenizer.from_pretrained(default_model_path())  # each trainer below loads its own model
     answer = fixed_length(tok, "<think>adding</think><answer>7</answer>", answer_len)
     confidence = fixed_length(tok, "<confidence>0.7</confidence>", confidence_len)
     data = graded_arithmetic(64, seed=0)
     common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
                   max_completion_length=answer_len)
-    times = {}
-
-    # RLCR with the packed loss forward (default) and with rows scored one by one.
-    for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
-        model, tok = load_model()
-        args = cpu_test_args(tempfile.mkdtemp(), RLCRMultiTurnConfig, per_device_train_batch_size=g_a,
-                             num_generations=g_a, num_generations_confidence=g_c, max_confidence_length=confidence_len,
-                             confidence_prompt=CONFIDENCE_PROMPT, share_prefix=share_prefix, **common)
-        rlcr = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
-        with ScriptedGeneration(rlcr, lambda p, k: confidence if CONFIDENCE_PROMPT in p else answer):
-            rlcr.train()
-        times[name] = step_times(rlcr)[1:]
+    runs = {}
 
     # Plain GRPO on the same generated tokens: one prompt's 4 rows of answer length, two prompts' 8 rows of
     # confidence length (12 rows, 4*32 + 8*16 tokens), with accuracy as the reward.
@@ -82,22 +79,29 @@ def overhead(steps: int) -> dict:
         calls.append(prompt_text)
         return answer if (len(calls) - 1) % 12 < g_a else confidence
 
-    with ScriptedGeneration(grpo, grpo_script):
-        grpo.train()
-    times["grpo"] = step_times(grpo)[1:]
+    runs["grpo"] = (grpo, ScriptedGeneration(grpo, grpo_script))
 
-    results = {
+    # RLCR with the packed loss forward (default) and with rows scored one by one.
+    for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
+        model, tok = load_model()
+        args = cpu_test_args(tempfile.mkdtemp(), RLCRMultiTurnConfig, per_device_train_batch_size=g_a,
+                             num_generations=g_a, num_generations_confidence=g_c, max_confidence_length=confidence_len,
+                             confidence_prompt=CONFIDENCE_PROMPT, share_prefix=share_prefix, **common)
+        rlcr = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+        runs[name] = (rlcr, ScriptedGeneration(rlcr, lambda p, k: confidence if CONFIDENCE_PROMPT in p else answer))
+
+    load_before = machine_load()
+    times = interleaved_step_times(runs)
+    return {
         "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU",
         "rows_per_step": g_a * (1 + g_c),
         "generated_tokens_per_step": g_a * answer_len + g_a * g_c * confidence_len,
         "measured_steps": steps,
+        "order": "interleaved: one step of each configuration in turn (grpo, rlcr, rlcr_unpacked), warm-up dropped",
+        "machine_load_before": load_before,
+        "machine_load_after": machine_load(),
+        "step_times": summarize(times, baseline="grpo"),
     }
-    for name, values in times.items():
-        results[f"{name}_step_time_s"] = values
-        results[f"{name}_median_s"] = statistics.median(values)
-    results["ratio"] = results["rlcr_median_s"] / results["grpo_median_s"]
-    results["ratio_unpacked"] = results["rlcr_unpacked_median_s"] / results["grpo_median_s"]
-    return results
 
 
 # -- calibration curves ---------------------------------------------------------------------------------------------
@@ -185,18 +189,9 @@ def plot_calibration(result: dict, path: Path) -> None:
 
 
 def plot_overhead(result: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5, 3.4), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    ax.bar(["GRPOTrainer", "RLCR\nrows one by one", "RLCR\npacked (default)"],
-           [result["grpo_median_s"], result["rlcr_unpacked_median_s"], result["rlcr_median_s"]],
-           color=["#999999", "#9cbfe0", "#3a7bbf"])
-    ax.set_ylabel("median step time (s)")
-    ax.set_title(f"same generated tokens per step: ratio {result['ratio']:.3f}", fontsize=10)
-    fig.savefig(path, dpi=110)
+    load = [result[k]["load_average_1_5_15_min"][0] for k in ("machine_load_before", "machine_load_after")]
+    plot_step_times({f"same generated tokens (1-min load {load[0]:.1f} -> {load[1]:.1f})": result["step_times"]},
+                    "grpo", path, "RLCR vs GRPOTrainer, interleaved steps")
 
 
 def main(argv=None):
