@@ -130,8 +130,9 @@ def main():
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps)
-        plot_step_times({f"equal generated tokens ({result['generated_tokens_per_step']} per step)": result["step_times"]},
-                        "grpo", RESULTS / "absolute_zero_overhead.png", "Absolute Zero vs GRPOTrainer, interleaved steps")
+        panel = f"equal generated tokens ({result['generated_tokens_per_step']} per step)"
+        plot_step_times({panel: result["step_times"]}, "grpo", RESULTS / "absolute_zero_overhead.png",
+                        "Absolute Zero vs GRPOTrainer, interleaved steps")
     else:
         result = curves(args.steps)
     write_json(RESULTS / f"absolute_zero_{args.part}.json", result)

@@ -44,6 +44,7 @@ from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
 
 RESULTS = Path(__file__).parent / "results"
+COMPLETION = "<think>3 plus 4 is 7.</think><answer>7</answer>"  # the scripted completion, filled to 32 tokens
 WINDOW = 4
 
 
@@ -76,7 +77,7 @@ def overhead(steps: int) -> dict:
             trainer = make_trainer(name != "grpo", steps + 1, 1e-6, replay_start_ratio=1.0)
             context = None
             if scripted:
-                completion = fixed_length(trainer.processing_class, "<think>3 plus 4 is 7.</think><answer>7</answer>", 32)
+                completion = fixed_length(trainer.processing_class, COMPLETION, 32)
                 context = ScriptedGeneration(trainer, lambda p, k, completion=completion: completion)
             runs[name] = (trainer, context)
         load_before = machine_load()

@@ -197,7 +197,8 @@ def plot_overhead(result: dict, path: Path) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "calibration"])
-    parser.add_argument("--steps", type=int, default=None, help="measured steps (overhead: 4, calibration: 12; the README quotes --steps 6 and 36)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per trainer (overhead: 4, calibration: 12; the README quotes 4 and 36)")
     args = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":

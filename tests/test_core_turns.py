@@ -82,7 +82,8 @@ def test_qwen3_family_templates_use_trls_training_version(name, kwargs):
     prompt_text = tok.decode(prompt_ids)
     opened = prompt_text.endswith("<think>\n")  # generation prompts that open the reasoning block for the model
     closed = prompt_text.endswith("</think>\n\n")  # thinking off: an empty block, closed
-    sampled = "<answer>5</answer>" if closed else ("" if opened else "<think>\n") + "add\n</think>\n\n<answer>5</answer>"
+    reasoning = ("" if opened else "<think>\n") + "add\n</think>\n\n"
+    sampled = "<answer>5</answer>" if closed else reasoning + "<answer>5</answer>"
     answer_ids = tok.encode(sampled, add_special_tokens=False) + eos
     ids = turn.prompt_ids(prompt_ids, answer_ids, eos)
     assert ids[: len(prompt_ids) + len(answer_ids)] == list(prompt_ids) + answer_ids

@@ -95,7 +95,8 @@ def test_qwen3_exact_batch(qwen3_step):
         key = "2+3" if i < 4 else "7*6"
         question = QUESTIONS[i // 4][0]
         assert tok.decode(turn2) == expected_conversation_text(
-            tok, "qwen3", kwargs, question, REASONING[key][(i // 2) % 2], ANSWERS[key][(i // 2) % 2], tok.decode(prompt))
+            tok, "qwen3", kwargs, question, REASONING[key][(i // 2) % 2], ANSWERS[key][(i // 2) % 2],
+            tok.decode(prompt))
         n = int(batch["prompt_mask"][4 + i].sum())
         assert batch["prompt_ids"][4 + i, -n:].tolist() == turn2  # the batch trains on that same prompt
 

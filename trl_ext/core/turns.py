@@ -65,11 +65,13 @@ def follow_up_turn(
     except NotPrefixPreservingError as error:
         training_template = _training_chat_template(tokenizer) if chat_template is None else None
         if training_template is None:
-            raise NotPrefixPreservingError(f"{error}, and TRL ships no prefix-preserving training version of it. {_FIX}")
+            raise NotPrefixPreservingError(
+                f"{error}, and TRL ships no prefix-preserving training version of it. {_FIX}"
+            ) from None
     try:
         return _diff_turns(tokenizer, user_message, eos_token_ids, training_template, chat_template_kwargs)
     except NotPrefixPreservingError as error:
-        raise NotPrefixPreservingError(f"{error}, nor does TRL's training version of it. {_FIX}")
+        raise NotPrefixPreservingError(f"{error}, nor does TRL's training version of it. {_FIX}") from None
 
 
 _FIX = (
