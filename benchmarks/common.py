@@ -88,6 +88,8 @@ class _Rotation:
                 set_seed(seed)
 
     def leave(self, index):
+        """Drop out of the rotation, then wait for the others to finish: what a trainer does after its last step
+        (saving, logging, tearing its thread down) would otherwise run during another trainer's step."""
         with self.cond:
             if self.holder == index:
                 self._pass_on(index)
@@ -96,6 +98,7 @@ class _Rotation:
             if self.active and self.current == index:
                 self.current = self.active[0]
             self.cond.notify_all()
+            self.cond.wait_for(lambda: not self.active)
 
 
 def interleaved_step_times(runs: dict) -> dict[str, list[float]]:
