@@ -14,6 +14,7 @@ rotated away; a save that fails removes the checkpoint folder it started, leavin
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from typing import Any
@@ -24,6 +25,8 @@ from safetensors.torch import load_file, save_file
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "trl-ext trainer state"
 VERSION = 1
@@ -166,6 +169,24 @@ def load_state(folder: str | os.PathLike, name: str, owner: str, legacy_file: st
         raise CheckpointStateError(f"{json_path} {corrupt} ({error!r}). {restart}") from error
 
 
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The highest `checkpoint-N` in `output_dir` that transformers completed (it holds `trainer_state.json`, written
+    last); incomplete ones above it are skipped with a warning."""
+    if not os.path.isdir(output_dir):
+        return None
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    steps = sorted(
+        (int(name[len(prefix):]), name) for name in os.listdir(output_dir)
+        if name.startswith(prefix) and name[len(prefix):].isdigit() and os.path.isdir(os.path.join(output_dir, name))
+    )
+    for _, name in reversed(steps):
+        folder = os.path.join(output_dir, name)
+        if os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
+            return folder
+        logger.warning(f"{folder} is incomplete (no {TRAINER_STATE_NAME}: its save was interrupted); skipped.")
+    return None
+
+
 def _restart_hint(owner: str) -> str:
     return (
         f"Resume from a checkpoint-N folder written by {owner} (it holds this file), or start a new run from the "
@@ -215,6 +236,12 @@ class CheckpointStateMixin:
             if started and self.args.should_save and not os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
                 shutil.rmtree(folder, ignore_errors=True)
             raise
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint is True:
+            # transformers takes the highest checkpoint-N, complete or not (a save killed mid-way leaves one).
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir) or True
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Called with the resolved checkpoint folder on resume, for every backend (DeepSpeed and FSDP included).
