@@ -30,6 +30,7 @@ from trl_ext.recipe import (
     plot_learning_curves,
     resolve_model,
     run_recipe,
+    save_final_model,
     write_json,
     write_model_card,
 )
@@ -182,7 +183,7 @@ def main(script_args, training_args, model_args):
         environment_factory=task.environment_factory,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+    save_final_model(trainer, training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
         curves = CURVES[task.name]

@@ -24,6 +24,7 @@ from trl_ext.recipe import (
     plot_learning_curves,
     resolve_model,
     run_recipe,
+    save_final_model,
     write_json,
     write_model_card,
 )
@@ -105,7 +106,7 @@ def main(script_args, training_args, model_args):
         peft_config=get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+    save_final_model(trainer, training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
         steps = summarize(trainer.state.log_history)

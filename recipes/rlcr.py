@@ -26,6 +26,7 @@ from trl_ext.recipe import (
     plot_learning_curves,
     resolve_model,
     run_recipe,
+    save_final_model,
     write_json,
     write_model_card,
 )
@@ -140,7 +141,7 @@ def main(script_args, training_args, model_args):
     trainer.accelerator.wait_for_everyone()
 
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+    save_final_model(trainer, training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
         if can_evaluate:

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import warnings
 from collections.abc import Sequence
@@ -329,6 +330,46 @@ def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None
         return out
 
     return prepare
+
+
+FINAL_STAGING = ".final-model.tmp"
+
+
+def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
+    """Save the trained model (and tokenizer) into `output_dir` atomically: written aside into
+    `output_dir/.final-model.tmp` by `trainer.save_model`, then each file renamed into place, `config.json` last, so
+    `output_dir` never holds a config without its weights. Call it on every process (saving is a collective under
+    DeepSpeed and FSDP).
+
+    If the save fails (a full disk, say), nothing in `output_dir` is replaced, the staging folder is removed and the
+    error names the last checkpoint, which still holds the trained weights (checkpoints are never deleted here).
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output_dir = Path(output_dir)
+    staging = output_dir / FINAL_STAGING
+    main_process = trainer.accelerator.is_main_process
+    try:
+        if main_process and staging.exists():
+            shutil.rmtree(staging)  # left by an earlier run that was killed while saving
+        trainer.save_model(str(staging), _internal_call=True)  # _internal_call: the recipe pushes after its card
+        trainer.accelerator.wait_for_everyone()
+        if main_process:
+            names = sorted(os.listdir(staging), key=lambda name: name == "config.json")
+            for name in names:
+                os.replace(staging / name, output_dir / name)
+            staging.rmdir()
+    except Exception as error:
+        if main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        keep = (f"the trained weights are in the last checkpoint, {last} (load it as a model, or resume from it)"
+                if last else "no checkpoint was saved (set save_strategy and save_steps to keep one)")
+        raise RuntimeError(
+            f"Saving the final model to {output_dir} failed ({type(error).__name__}: {error}); nothing there was "
+            f"replaced and {keep}."
+        ) from error
+    trainer.accelerator.wait_for_everyone()
 
 
 def plot_learning_curves(log_history: list[dict], keys: Sequence[str], path: str | os.PathLike, title: str) -> str:
