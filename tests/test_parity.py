@@ -1,7 +1,8 @@
 """Parity with GRPOTrainer: each trainer, in its neutral setting, trains under the GRPOConfig options TRL's own tests
 exercise (KL to a reference model, reference sync, KL bias correction, num_iterations, every loss_type, sequence-level
 importance sampling, scale_rewards, mask_truncated_completions, top_entropy_quantile, several reward functions with
-and without weights, rewards that return None) and changes the weights.
+and without weights, rewards that return None) and changes the weights; Replay GRPO also trains, as GRPOTrainer
+does, with no reward functions when the environment owns the reward.
 
 Neutral settings: Replay GRPO with replay never starting; RLCR with two answers and two confidence samples; Absolute
 Zero with one proposal round. Generation is scripted so that every group has reward signal and some completions are
@@ -11,6 +12,7 @@ truncated (no end-of-sequence token), which `mask_truncated_completions` drops.
 import pytest
 from datasets import Dataset
 
+from trl_ext import use_tool_chat_template
 from trl_ext.testing import (
     ScriptedGeneration,
     changed_parameters,
@@ -18,6 +20,7 @@ from trl_ext.testing import (
     snapshot_parameters,
     tiny_checkpoint,
     tiny_tokenizer,
+    tool_call_text,
 )
 from trl_ext.trainers import (
     AbsoluteZeroConfig,
@@ -132,4 +135,38 @@ def test_trains_under_grpo_option(model_path, tmp_path, trainer_name, case, over
         trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert losses and all(abs(loss) < 1e6 for loss in losses)
+    assert changed_parameters(before, trainer.model)
+
+
+class Switch:
+    """An environment that owns the reward: 1 once `flip` was called."""
+
+    def reset(self, **row):
+        self.on = False
+
+    def flip(self) -> str:
+        """Turn the switch on."""
+        self.on = True
+        return "on"
+
+    def get_reward(self) -> float:
+        return float(self.on)
+
+
+def test_replay_trains_with_environment_owned_rewards_and_no_reward_funcs(model_path, tmp_path):
+    tokenizer = use_tool_chat_template(tiny_tokenizer())
+    args = cpu_test_args(tmp_path, ReplayGRPOConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                         max_completion_length=48, replay_start_ratio=1.0)
+    data = Dataset.from_list([{"prompt": prompt("Flip the switch.")}])
+    trainer = ReplayGRPOTrainer(model_path, args=args, train_dataset=data, processing_class=tokenizer,
+                                environment_factory=Switch)
+    assert trainer.reward_func_names == ["Switch"]
+    before = snapshot_parameters(trainer.model)
+
+    def script(prompt_text, k):
+        return "done" if k == 1 or "<tool_response>" in prompt_text else tool_call_text("flip")
+
+    with ScriptedGeneration(trainer, script):
+        trainer.train()
+    assert [log["rewards/Switch/mean"] for log in trainer.state.log_history if "loss" in log] == [0.5]
     assert changed_parameters(before, trainer.model)
