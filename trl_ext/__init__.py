@@ -31,6 +31,7 @@ _LAZY = {
     "verify_answer": "rewards",
     "TaskFamily": "tasks",
     "arithmetic_task": "tasks",
+    "code_reasoning_task": "tasks",
     "workspace_task": "tasks",
     "WorkspaceEnvironment": "environments",
     "LLMJudge": "rewards",
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real objects
     from .default_model import DEFAULT_MODEL_NAME, default_model_path
     from .environments import WorkspaceEnvironment
     from .rewards import LLMJudge, make_accuracy_reward, make_brier_reward, make_format_reward, verify_answer
-    from .tasks import TaskFamily, arithmetic_task, workspace_task
+    from .tasks import TaskFamily, arithmetic_task, code_reasoning_task, workspace_task
     from .tool_chat_template import use_tool_chat_template
     from .trainers import (
         AbsoluteZeroConfig,
@@ -85,6 +86,7 @@ __all__ = [
     "arithmetic_task",
     "calibration_report",
     "check_trl_version",
+    "code_reasoning_task",
     "default_model_path",
     "expected_calibration_error",
     "make_accuracy_reward",

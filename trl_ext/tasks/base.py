@@ -2,12 +2,16 @@
 question, how the solver is prompted, and how the solver's responses are scored.
 
 A family is data, not a subclass: another family (code reasoning with a sandboxed executor, or the seeds'
-safety/completion judges) plugs in by building a `TaskFamily` with its own parser, solver prompt and rewards.
+safety/completion judges) plugs in by building a `TaskFamily` with its own parser, solver prompt and rewards. A family
+whose proposer is conditioned on what it proposed before (Absolute Zero's buffer of past programs) adds a `TaskState`:
+the trainer builds proposer prompts from it, validates proposals through it in batches, updates it with each step's
+valid proposals and saves it in checkpoints.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -43,6 +47,8 @@ class TaskFamily:
         reward_weights: Default weights of `reward_funcs`.
         environment_factory: The solver's environment (TRL's `environment_factory`: its public methods are the
             solver's tools), or `None` for single-turn solving.
+        state: Trainer state the proposer is conditioned on (see `TaskState`), or `None` for a stateless family whose
+            seed prompts are the proposer prompts. Pass it to the trainer as `task_state`.
     """
 
     name: str
@@ -53,6 +59,45 @@ class TaskFamily:
     learnability_criteria: list[dict] | None = None
     reward_weights: Sequence[float] | None = field(default=None)
     environment_factory: Callable[[], Any] | None = None
+    state: TaskState | None = None
+
+
+class TaskState:
+    """State of a self-play task family that [`AbsoluteZeroTrainer`] keeps identical on every process.
+
+    The trainer calls, in this order, each generation batch:
+
+    1. `proposer_prompt(seed_row, rng)` for each seed prompt of a proposer round, on every process with the same
+       seeded `rng` (so every process builds the same prompts). It returns the conversation the proposer continues
+       and a context dict that is merged over the parsed proposal's fields (the model cannot overwrite it); a
+       context `task_type` breaks the self-play metrics down per task type.
+    2. `validate(questions)` on this process's share of the round's parsed proposals (execute them in one batch, not
+       one by one); returns each question completed with its gold fields, or `None` when invalid. The trainer
+       gathers the verdicts, so every process decides on the same data.
+    3. `update(questions)` once per training batch with the batch's valid questions, in the same order on every
+       process.
+
+    `state_dict()` must be JSON-serialisable: the trainer saves it in each checkpoint and restores it on resume with
+    `load_state_dict` (plain JSON, nothing executed). `metrics()` are logged under `task/`.
+    """
+
+    def proposer_prompt(self, seed_row: dict[str, Any], rng: random.Random) -> tuple[Conversation, dict[str, Any]]:
+        raise NotImplementedError
+
+    def validate(self, questions: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        return list(questions)
+
+    def update(self, questions: list[dict[str, Any]]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
 
 def tagged_question_parser(tag: str = "question") -> ParseQuestion:

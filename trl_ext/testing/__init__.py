@@ -5,10 +5,12 @@
   on a tiny Qwen3), built at run time.
 - `scripted`: replace generation by a function of the prompt ids, and record the batches a trainer builds.
 - `multiprocess`: run a script under `torchrun --nproc_per_node N` (gloo on CPU) and collect each rank's results.
+- `fake_executor`: a stand-in for the sandbox's `execute_many` that answers from hand-written functions.
 - `vllm_server`: a loopback OpenAI-compatible server, and TRL's real vLLM server-mode client pointed at it.
 """
 
 from .config import cpu_test_args
+from .fake_executor import FakeExecutor, FakeResult
 from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_result
 from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, tool_call_text
 from .tiny_model import (
@@ -25,6 +27,8 @@ from .weights import changed_parameters, snapshot_parameters
 
 __all__ = [
     "BatchRecorder",
+    "FakeExecutor",
+    "FakeResult",
     "GenerationCall",
     "LoopbackVLLMServer",
     "QWEN3_CHAT_TEMPLATES",

@@ -54,6 +54,7 @@ from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .scoping import scoped_call
 from .tool_rounds import CollectiveToolRounds
+from .trainer_state import CheckpointStateMixin
 
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class _Generated:
 class _Group:
     """The latest question group of one seed prompt."""
 
+    prompt: list = field(default_factory=list)  # the proposer conversation of this round
+    context: dict = field(default_factory=dict)  # the TaskState's context of that prompt (e.g. task_type)
     proposals: list[_Generated] = field(default_factory=list)
     questions: list[dict | None] = field(default_factory=list)  # None: invalid proposal
     solver_inputs: dict[int, dict] = field(default_factory=dict)  # proposal index -> reward-function input row
@@ -98,7 +101,7 @@ class _Group:
     rounds: int = 0
 
 
-class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
+class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
     Args:
@@ -116,6 +119,10 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
             it never produces (`parse_question.question_fields`) fails at init, one a question lacks renders empty
             with a one-time warning naming it (`warnings/solver_prompt_missing_fields` counts such questions). An
             exception makes the question invalid (first traceback logged once, `errors/solver_prompt_fn` counts).
+        task_state: A family's [`~trl_ext.tasks.TaskState`] (e.g. the code family's triplet buffer): proposer prompts
+            are built from it, parsed proposals are validated through it (each process its share, verdicts
+            gathered), each training batch's valid questions update it, and it is saved in every checkpoint
+            (`absolute_zero_state.json`) and restored on resume.
         **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset`,
             `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
             [`~trl.GRPOTrainer`]; `tools` and `environment_factory` (a callable or a dict of them, as
@@ -133,6 +140,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
+    checkpoint_state_name = "absolute_zero_state"
     _name = "Absolute Zero"
     _paper = {
         "title": "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
@@ -149,7 +157,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: AbsoluteZeroConfig | None = None, parse_question=None,
-                 solver_prompt_fn=None, **kwargs):
+                 solver_prompt_fn=None, task_state=None, **kwargs):
         if args is None:
             args = AbsoluteZeroConfig("AbsoluteZero")
         if not isinstance(args, AbsoluteZeroConfig):
@@ -197,6 +205,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
                 )
         else:
             self._criteria = None  # the default depends on the group size, which differs in evaluation
+        self.task_state = task_state
         self._replay = None  # (generation tuple, gathered rewards) while TRL builds a role's batch
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
 
@@ -292,15 +301,19 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
         self._generated[f"{prefix or 'solver'}_tokens"] += sum(len(r.completion_ids) for r in rows)
         return rows
 
-    def _proposer_prompt(self, seed_row):
+    def _proposer_prompt(self, seed_row, rng: random.Random | None) -> tuple[list, dict]:
+        """The proposer conversation of a seed row and its context: from the task state when there is one."""
+        if self.task_state is not None:
+            prompt, context = self.task_state.proposer_prompt(seed_row, rng)
+            return prompt, dict(context)
         prompt = seed_row["prompt"]
         template = self.args.proposer_prompt_template
         if template is None:
-            return prompt
-        *context, last = prompt
-        return [*context, {**last, "content": template.replace("{prompt}", completion_text([last]))}]
+            return prompt, {}
+        *messages, last = prompt
+        return [*messages, {**last, "content": template.replace("{prompt}", completion_text([last]))}], {}
 
-    def _parse(self, completion) -> dict | None:
+    def _parse(self, completion, context: dict | None = None) -> dict | None:
         # A parser that raises on model output must not stop training: an invalid proposal, logged and counted.
         question, _ = self._calls["parse_question"](self.parse_question, completion_text(completion))
         if not isinstance(question, dict):
@@ -308,20 +321,42 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
         # Fields become reward-function keyword arguments: a model-written name must not collide with TRL's own.
         question = {k: v for k, v in question.items() if isinstance(k, str) and k.isidentifier()
                     and k not in _RESERVED}
-        return question or None
+        return {**question, **(context or {})} if question else None  # the model cannot overwrite the context
+
+    def _validate(self, slots: list[tuple[int, int]], groups: list[_Group]) -> None:
+        """Task-state validation of the parsed questions at `slots`: each process checks a contiguous share and the
+        verdicts are gathered, so every process holds the same questions without running all the checks. (Running
+        everything on every process would cost `world` times the executions, and a check near a time limit could
+        pass on one process and fail on another, splitting the decisions.)"""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        per_process = -(-len(slots) // world)
+        mine = slots[rank * per_process:(rank + 1) * per_process]
+        checked = self.task_state.validate([groups[p].questions[i] for p, i in mine])
+        if len(checked) != len(mine):
+            raise RuntimeError(f"TaskState.validate returned {len(checked)} verdicts for {len(mine)} questions.")
+        checked = gather_object([q if isinstance(q, dict) and q else None for q in checked])
+        for (p, i), question in zip(slots, checked, strict=True):
+            groups[p].questions[i] = question
 
     def _round(self, pending: list[int], seeds: list[dict], groups: list[_Group], group_size: int, mode: str):
         """Propose a fresh group for each pending prompt, solve every valid question, judge learnability."""
         args, k = self.args, self.args.num_questions_per_prompt
+        rng = self._selection_rng() if self.task_state is not None else None  # the same prompts on every process
+        for p in pending:
+            group = groups[p] = _Group(rounds=groups[p].rounds + 1)
+            group.prompt, group.context = self._proposer_prompt(seeds[p], rng)
         share = self._local_share(pending)
-        prompts = [self._proposer_prompt(seeds[p]) for p in share for _ in range(k)]
+        prompts = [groups[p].prompt for p in share for _ in range(k)]
         proposals = self._generate_rows(prompts, k, mode, "proposer", args.max_question_length)
         for j, p in enumerate(pending):  # the padding copies come after the real prompts
-            group = groups[p] = _Group(rounds=groups[p].rounds + 1)
+            group = groups[p]
             group.proposals = proposals[j * k:(j + 1) * k]
-            group.questions = [self._parse(row.completion) for row in group.proposals]
+            group.questions = [self._parse(row.completion, group.context) for row in group.proposals]
 
         valid = [(p, i) for p in pending for i, q in enumerate(groups[p].questions) if q is not None]
+        if self.task_state is not None and valid:
+            self._validate(valid, groups)
+            valid = [(p, i) for p, i in valid if groups[p].questions[i] is not None]
         if valid:
             columns = sorted({key for p, i in valid for key in groups[p].questions[i]})
             for p, i in valid:
@@ -334,6 +369,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
                 else:
                     groups[p].questions[i] = None
             valid = [(p, i) for p, i in valid if groups[p].questions[i] is not None]
+            self._valid_questions.extend(groups[p].questions[i] for p, i in valid)
         if valid:
             share = self._local_share(valid)
             inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
@@ -392,6 +428,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         self._generation_calls, self._generated = 0, defaultdict(int)
+        self._valid_questions = []  # every round's, in the same order on every process: the task state's update
 
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
         groups = [_Group() for _ in seeds]
@@ -403,6 +440,8 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
                 break
             reproposed.update(pending)
             attempts += len(pending)
+        if self.task_state is not None and mode == "train":
+            self.task_state.update(self._valid_questions)
 
         rng = self._selection_rng()
         selected = [select_question(g.learnable, rng) for g in groups]
@@ -434,7 +473,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
             if index is None:
                 rows.extend([group.proposals[0]] * group_size)
                 rewards.append(torch.full((group_size, len(self.reward_funcs)), torch.nan))
-                inputs.extend([{**seeds[p], "prompt": self._proposer_prompt(seeds[p])}] * group_size)
+                inputs.extend([{**seeds[p], "prompt": group.prompt}] * group_size)
             else:
                 rows.extend(group.responses[index])
                 rewards.append(group.rewards[index])
@@ -474,7 +513,7 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
 
         local = slice(rank * per_process, (rank + 1) * per_process)
         rows = [groups[p].proposals[i] for p, i in slots][local]
-        local_inputs = [{**seeds[p], "prompt": self._proposer_prompt(seeds[p])} for p, _ in slots[local]]
+        local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
         with scoped_call(self, mode, "proposer", num_generations=1, num_generations_eval=1, reward_func_names=["proposer"],
@@ -522,6 +561,34 @@ class AbsoluteZeroTrainer(ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
                 column = column[~torch.isnan(column)]
                 if column.numel():
                     m[f"solver/{name}_mean"].append(column.mean().item())
+        by_type = defaultdict(list)
+        for group in groups:
+            if group.context.get("task_type") is not None:
+                by_type[group.context["task_type"]].append(group)
+        for task_type, typed in by_type.items():
+            verdicts = [x for g in typed for x in g.learnable]
+            valid = [x for x in verdicts if x is not None]
+            rates = [r for g in typed for r in g.solve_rates if r is not None]
+            m[f"task/{task_type}/valid_rate"].append(len(valid) / len(verdicts))
+            if valid:
+                m[f"task/{task_type}/solve_rate"].append(sum(rates) / len(rates))
+                m[f"task/{task_type}/learnable_ratio"].append(sum(valid) / len(valid))
+        if self.task_state is not None:
+            for name, value in self.task_state.metrics().items():
+                m[f"task/{name}"].append(float(value))
+
+    # -- checkpoints -------------------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        # Written for every run (a stateless family saves None), so any Absolute Zero checkpoint can be resumed.
+        return {"task_state": None if self.task_state is None else self.task_state.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        saved = state["task_state"]
+        if self.task_state is None:
+            return
+        if saved is None:
+            raise ValueError("the checkpoint was written without a task state; resume with the family it was run with")
+        self.task_state.load_state_dict(saved)
 
 
 def _empty_logs():

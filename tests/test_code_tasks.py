@@ -1,0 +1,237 @@
+"""The code reasoning family on hand-written programs: parsing, proposer prompts from the buffer, validation (gold by
+execution, determinism, bounds), scoring of each task type, the buffer and its JSON state.
+
+Execution goes through `FakeExecutor` (programs answered by Python functions written here); the same checks against
+the real sandbox are in test_code_tasks_sandbox.py.
+"""
+
+import json
+import random
+
+import pytest
+
+from trl_ext.tasks.code_reasoning import (
+    ZERO_TRIPLET,
+    CodeTaskState,
+    code_reasoning_task,
+    make_proposal_parser,
+    seed_prompts,
+    solver_prompt,
+)
+from trl_ext.tasks.code_reasoning.programs import (
+    MAX_OUTPUT_CHARS,
+    check_program,
+    fenced_blocks,
+    format_input,
+    parse_input,
+    parse_value,
+)
+from trl_ext.testing import FakeExecutor
+
+
+SORT = "def f(xs, k):\n    return sorted(xs)[:k]"
+DOUBLE = "def f(n):\n    return n * 2"
+COUNTER = "def f(n):\n    return next(c)"  # a different value at every call
+RAISES = "def f(n):\n    return 1 // n"
+BIG = "def f(n):\n    return 'x' * n"
+OBJECT = "def f(n):\n    return object()"
+GUESS_DOUBLE = "def f(m):\n    return m + m"  # another program computing DOUBLE
+GUESS_WRONG = "def f(m):\n    return m + 1"
+
+
+def counter():
+    state = iter(range(10**6))
+    return lambda n: next(state)
+
+
+def executor():
+    return FakeExecutor({SORT: lambda xs, k: sorted(xs)[:k], DOUBLE: lambda n: n * 2, COUNTER: counter(),
+                         RAISES: lambda n: 1 // n, BIG: lambda n: "x" * n, OBJECT: lambda n: object(),
+                         GUESS_DOUBLE: lambda m: m + m, GUESS_WRONG: lambda m: m + 1})
+
+
+def proposal(program=None, inputs=(), message=None):
+    text = "Let me think.\n"
+    if program is not None:
+        text += f"```python\n{program}\n```\n"
+    text += "".join(f"```input\n{i}\n```\n" for i in inputs)
+    if message is not None:
+        text += f"```message\n{message}\n```\n"
+    return text
+
+
+def parsed(task_type, text, program=None):
+    """What the trainer hands to validate: the parsed fields, the proposer context merged over them."""
+    context = {"task_type": task_type, **({"program": program} if program else {})}
+    return {**make_proposal_parser()(text), **context}
+
+
+# -- text ---------------------------------------------------------------------------------------------------------
+def test_fenced_blocks_and_program_checks():
+    text = "x ```python\ndef f(a):\n    return a\n``` and ```input\n1, 'b'\n``` ```Output\n3\n```"
+    assert fenced_blocks(text) == [("python", "def f(a):\n    return a\n"), ("input", "1, 'b'\n"), ("output", "3\n")]
+    assert fenced_blocks("```python\nunterminated") == [] and fenced_blocks(None) == []
+    assert check_program(" def f(a):\n    return a\n") == "def f(a):\n    return a"
+    assert check_program("import math\nclass T: pass\ndef f(a):\n    return T()") is not None
+    for bad in ("def g(a):\n    return a", "def f(a) return a", "f = lambda a: a", "", None,
+                "def f(a):\n    return a\n" + "#" * 5000, "def outer():\n    def f(a):\n        return a"):
+        assert check_program(bad) is None, bad
+
+
+def test_inputs_and_values_are_literals():
+    assert parse_input("[3, 1], 'a'") == ([3, 1], "a")
+    assert parse_input("{'k': (1, 2)}  # a comment") == ({"k": (1, 2)},)
+    assert parse_input("1), (2") == (1, (2,))  # odd but literal: harmless
+    for bad in ("", "x", "k=1", "__import__('os')", "1e999", "f(1)", "1, 2,,", "[" * 300 + "]" * 300, None,
+                "1" * 2000):
+        assert parse_input(bad) is None, bad
+    assert format_input(([3, 1], "a")) == "[3, 1], 'a'" and parse_input(format_input((5,))) == (5,)
+    assert parse_value(" [1,2] ") == (True, [1, 2]) and parse_value("{1, 2}") == (True, {1, 2})
+    for bad in ("nan", "os.getcwd()", "'unterminated", "1" * (MAX_OUTPUT_CHARS + 1), None):
+        assert parse_value(bad) == (False, None)
+
+
+def test_parser_reads_blocks_and_rejects_prose():
+    parse = make_proposal_parser()
+    fields = parse(proposal(SORT, ["[3, 1, 2], 2", "[5], 1"], "sorting"))
+    assert fields == {"program": SORT + "\n", "inputs": ["[3, 1, 2], 2\n", "[5], 1\n"], "message": "sorting\n"}
+    assert parse("def f(x): return x") is None and parse(12) is None
+    assert parse("```\n" + DOUBLE + "\n```") is None
+    assert make_proposal_parser(lenient=True)("```\n" + DOUBLE + "\n```")["program"] == DOUBLE + "\n"
+
+
+# -- proposer prompts ---------------------------------------------------------------------------------------------
+def test_proposer_prompts_come_from_the_buffer_with_the_given_rng():
+    state = CodeTaskState(num_references=2)
+    state.triplets += [{"program": DOUBLE, "input": str(n), "output": str(2 * n)} for n in range(5)]
+    prompt, context = state.proposer_prompt({"task_type": "deduction"}, random.Random(0))
+    again, _ = state.proposer_prompt({"task_type": "deduction"}, random.Random(0))
+    assert prompt == again and context == {"task_type": "deduction"}  # same rng, same prompt (every rank)
+    text = prompt[0]["content"]
+    assert text.count("```python\n") == 3 and "Puzzle 2:" in text and "Puzzle 3:" not in text  # example + 2 refs
+    assert "work out the output" in text
+    prompt, context = state.proposer_prompt({"task_type": "induction"}, random.Random(1))
+    assert context["task_type"] == "induction" and context["program"] in {t["program"] for t in state.triplets}
+    assert context["program"] in prompt[0]["content"] and "6 different inputs" in prompt[0]["content"]
+    abduction, _ = state.proposer_prompt({"task_type": "abduction"}, random.Random(0))
+    assert "find an input" in abduction[0]["content"]
+    with pytest.raises(ValueError, match="task_type"):
+        state.proposer_prompt({"task_type": "poetry"}, random.Random(0))
+
+
+def test_seed_prompts_mix_the_task_types():
+    rows = seed_prompts(9, seed=3)
+    assert sorted(rows["task_type"]) == ["abduction"] * 3 + ["deduction"] * 3 + ["induction"] * 3
+    assert rows["task_type"] == seed_prompts(9, seed=3)["task_type"] != ["deduction", "abduction", "induction"] * 3
+    assert set(seed_prompts(4, task_types=["deduction"])["task_type"]) == {"deduction"}
+    with pytest.raises(ValueError, match="task_types"):
+        seed_prompts(3, task_types=["poetry"])
+
+
+# -- validation ----------------------------------------------------------------------------------------------------
+def test_validation_executes_every_proposal_twice_in_one_batch():
+    fake = executor()
+    state = CodeTaskState(execute_many=fake)
+    questions = [
+        parsed("deduction", proposal(SORT, ["[3, 1, 2], 2"])),
+        parsed("abduction", proposal(DOUBLE, ["4", "21"])),  # the last input block is the input
+        parsed("deduction", proposal(COUNTER, ["1"])),  # not deterministic
+        parsed("deduction", proposal(RAISES, ["0"])),  # raises
+        parsed("abduction", proposal(BIG, [str(MAX_OUTPUT_CHARS + 1)])),  # output too long
+        parsed("deduction", proposal(OBJECT, ["1"])),  # output not a literal
+        parsed("deduction", proposal("def g(n):\n    return n", ["1"])),  # no f: not executed
+        parsed("abduction", proposal(DOUBLE, ["n=3"])),  # not literal arguments: not executed
+        parsed("induction", proposal(None, ["1", "2", "2", "oops", "3"], "doubles"), program=DOUBLE),
+        parsed("induction", proposal(None, ["1", "x"], "doubles"), program=DOUBLE),  # one valid pair
+        parsed("induction", proposal(None, ["1", "2"]), program=DOUBLE),  # no message
+        parsed("induction", proposal(None, ["0", "1", "2"], "hmm"), program=RAISES),  # 2 of 3 pairs run
+    ]
+    checked = state.validate(questions)
+    assert fake.calls == [2 * (6 + 3 + 3)]  # one batch: 6 single calls and 6 induction inputs, each twice
+    assert checked[0] == {"task_type": "deduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
+    assert checked[1] == {"task_type": "abduction", "program": DOUBLE, "input": "21", "output": "42"}
+    assert checked[2:8] == [None] * 6
+    assert checked[8] == {"task_type": "induction", "program": DOUBLE, "message": "doubles",
+                          "visible": [["1", "2"], ["2", "4"]], "hidden": [["3", "6"]]}
+    assert checked[9] is None and checked[10] is None
+    assert checked[11]["visible"] == [["1", "1"]] and checked[11]["hidden"] == [["2", "0"]]
+    assert state.validate([]) == [] and fake.calls == [24]  # nothing to run: no call
+
+
+# -- scoring -------------------------------------------------------------------------------------------------------
+def score(task, questions, answers):
+    correct, fmt = task.reward_funcs
+    columns = {key: [q.get(key) for q in questions] for key in {k for q in questions for k in q}}
+    completions = [[{"role": "assistant", "content": a}] for a in answers]
+    return correct(None, completions, None, **columns), fmt(None, completions, None, **columns)
+
+
+def test_deduction_is_value_equality():
+    task = code_reasoning_task(execute_many=executor())
+    q = {"task_type": "deduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
+    answers = ["```output\n[1,2]\n```", "I think ```output\n[9]\n``` no wait ```output\n[ 1 , 2 ]\n```",
+               "```output\n(1, 2)\n```", "```output\n[1, 2\n```", "the answer is [1, 2]", "```output\nf([3,1,2], 2)\n```"]
+    correct, fmt = score(task, [q] * len(answers), answers)
+    assert correct == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # a tuple is not the list; code is not a literal
+    assert fmt == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert task.state._execute_many.calls == []  # deduction runs nothing
+
+
+def test_abduction_runs_the_program_on_the_predicted_input():
+    fake = executor()
+    task = code_reasoning_task(execute_many=fake)
+    q = {"task_type": "abduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
+    answers = ["```input\n[2, 1, 9], 2\n```",  # another preimage: correct
+               "```input\n[1, 2], 5\n```", "```input\n[1, 2]\n```",  # right output / too few arguments
+               "```input\n[7, 8], 2\n```", "```input\n__import__('os').system('x')\n```", "no block"]
+    correct, fmt = score(task, [q] * len(answers), answers)
+    assert correct == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0] and fmt == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert fake.calls == [4]  # the literal answers, in one batch
+
+
+def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
+    fake = executor()
+    task = code_reasoning_task(execute_many=fake)
+    q = {"task_type": "induction", "program": DOUBLE, "message": "doubles", "visible": [["1", "2"]],
+         "hidden": [["3", "6"], ["-4", "-8"]]}
+    answers = [f"```python\n{GUESS_DOUBLE}\n```", f"```python\n{GUESS_WRONG}\n```", "```python\ndef g(m): pass\n```",
+               "```python\nunknown = 1\ndef f(m):\n    return m\n```"]
+    correct, fmt = score(task, [q] * len(answers), answers)
+    assert correct == [1.0, 0.0, 0.0, 0.0] and fmt == [1.0, 1.0, 0.0, 1.0]
+    assert fake.calls == [3]
+    prompt = solver_prompt(q, {})[0]["content"]
+    assert "```input\n1\n```\n```output\n2\n```" in prompt and "-8" not in prompt  # held-out pairs stay hidden
+
+
+def test_rows_without_a_task_type_are_not_applicable():
+    task = code_reasoning_task(execute_many=executor())
+    assert score(task, [{"task_type": None}], ["```output\n1\n```"]) == ([None], [None])
+
+
+# -- buffer --------------------------------------------------------------------------------------------------------
+def test_buffer_update_dedupes_caps_and_round_trips_through_json():
+    state = CodeTaskState(max_buffer_size=3)
+    assert state.triplets == [ZERO_TRIPLET]
+    new = [{"task_type": "deduction", "program": DOUBLE, "input": str(n), "output": str(2 * n)} for n in (1, 2, 1)]
+    induction = {"task_type": "induction", "program": DOUBLE, "message": "m", "visible": [], "hidden": []}
+    state.update([*new, induction])
+    assert state.triplets == [ZERO_TRIPLET] + [{"program": DOUBLE, "input": n, "output": o} for n, o in
+                                               (("1", "2"), ("2", "4"))]
+    state.update([{"task_type": "abduction", "program": SORT, "input": "[1], 1", "output": "[1]"}])
+    assert len(state.triplets) == 3 and state.triplets[0]["input"] == "1"  # the oldest went
+    assert state.metrics() == {"buffer_size": 3.0}
+
+    restored = CodeTaskState()
+    restored.load_state_dict(json.loads(json.dumps(state.state_dict())))
+    assert restored.triplets == state.triplets
+    for bad in ({}, {"triplets": []}, {"triplets": [{"program": 1, "input": "", "output": ""}]},
+                {"triplets": [{**ZERO_TRIPLET, "extra": "x"}]}, []):
+        with pytest.raises(ValueError, match="malformed"):
+            CodeTaskState().load_state_dict(bad)
+
+
+def test_bad_state_config_names_the_field():
+    for kwargs, field in (({"num_references": 0}, "num_references"), ({"min_pairs": 1}, "min_pairs"),
+                          ({"num_inputs": 3, "min_pairs": 4}, "min_pairs")):
+        with pytest.raises(ValueError, match=field):
+            CodeTaskState(**kwargs)

@@ -1,0 +1,129 @@
+"""Program triplets as text: fenced blocks read from model output, checks that need no execution, and the snippets
+sent to the sandbox.
+
+A triplet is a program defining `f`, an input (the arguments of one call, written as Python literals: `[3, 1], 'a'`)
+and an output (the `repr` of the returned value). Everything here is pure and never raises on model output; values
+are only ever read with `ast.literal_eval`, model-written code only ever runs in the sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+
+ENTRY = "f"
+RESULT_VAR = "_triplet_result"
+MAX_TEXT_CHARS = 16_000  # of a completion searched for blocks
+MAX_PROGRAM_CHARS = 4_000
+MAX_INPUT_CHARS = 1_000
+MAX_OUTPUT_CHARS = 1_000  # of an output repr: gold outputs are shown to the solver
+MAX_MESSAGE_CHARS = 1_000
+
+# A fenced block: ``` + label + newline ... ```. Non-greedy with a bounded text, so no runaway backtracking.
+_BLOCK = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\r?\n(.*?)```", re.DOTALL)
+_LITERAL_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, OverflowError)
+
+
+def fenced_blocks(text: Any) -> list[tuple[str, str]]:
+    """`(label, content)` of every fenced block in `text`, in order; labels lower-cased (`""` when unlabeled)."""
+    if not isinstance(text, str):
+        return []
+    return [(label.lower(), content) for label, content in _BLOCK.findall(text[:MAX_TEXT_CHARS])]
+
+
+def blocks_labeled(text: Any, *labels: str) -> list[str]:
+    """Contents of the blocks whose label is one of `labels`, in order."""
+    return [content for label, content in fenced_blocks(text) if label in labels]
+
+
+def last_block(text: Any, *labels: str) -> str | None:
+    found = blocks_labeled(text, *labels)
+    return found[-1] if found else None
+
+
+def check_program(source: Any) -> str | None:
+    """`source` stripped, if it parses and defines a top-level function `f` within `MAX_PROGRAM_CHARS`, else `None`.
+
+    Nothing else is filtered: what the program does when it runs is the sandbox's business, not a text check's.
+    """
+    if not isinstance(source, str):
+        return None
+    source = source.strip()
+    if not source or len(source) > MAX_PROGRAM_CHARS:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    defines = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == ENTRY
+                  for node in tree.body)
+    return source if defines else None
+
+
+def parse_input(text: Any) -> tuple | None:
+    """The arguments of one call, `"[3, 1], 'a'"` -> `([3, 1], 'a')`, or `None` unless they are at least one Python
+    literal that survives a `repr` round trip (not `1e999`) within `MAX_INPUT_CHARS`."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not text or len(text) > MAX_INPUT_CHARS:
+        return None
+    try:
+        args = ast.literal_eval(f"({text}\n,)")  # the newline ends a trailing comment
+        if not isinstance(args, tuple) or not args or ast.literal_eval(repr(args)) != args:
+            return None
+    except _LITERAL_ERRORS:
+        return None
+    return args
+
+
+def format_input(args: tuple) -> str:
+    """Arguments as the solver and proposer write them: `([3, 1], 'a')` -> `"[3, 1], 'a'"`."""
+    return ", ".join(repr(arg) for arg in args)
+
+
+def parse_value(text: Any) -> tuple[bool, Any]:
+    """`(True, value)` for a Python literal within `MAX_OUTPUT_CHARS`, else `(False, None)`."""
+    if not isinstance(text, str):
+        return False, None
+    text = text.strip()
+    if not text or len(text) > MAX_OUTPUT_CHARS:
+        return False, None
+    try:
+        return True, ast.literal_eval(text)
+    except _LITERAL_ERRORS:
+        return False, None
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    """Value equality of two literal values (`==`; literals cannot override it)."""
+    try:
+        return bool(a == b)
+    except (RecursionError, MemoryError):
+        return False
+
+
+def call_snippet(program: str, args: tuple) -> str:
+    """The program, then one call of `f` whose value the sandbox reads back from `RESULT_VAR`."""
+    return f"{program}\n\n{RESULT_VAR} = {ENTRY}(*{args!r})\n"
+
+
+def calls_snippet(program: str, inputs: list[tuple]) -> str:
+    """The program, then `f` called on each input in turn; the list of values is read back."""
+    return f"{program}\n\n{RESULT_VAR} = [{ENTRY}(*args) for args in {inputs!r}]\n"
+
+
+def output_repr(result) -> str | None:
+    """The canonical repr of a successful execution's value, or `None` (failed, unreadable, or too long)."""
+    if not getattr(result, "ok", False):
+        return None
+    text = getattr(result, "value_repr", None)
+    if text is not None and len(text) > MAX_OUTPUT_CHARS:
+        return None
+    try:
+        text = repr(result.value)  # the value came back literal-evaluated: its repr is canonical and safe
+    except (RecursionError, MemoryError):
+        return None
+    return text if len(text) <= MAX_OUTPUT_CHARS and parse_value(text)[0] else None

@@ -1,0 +1,62 @@
+"""A stand-in for `trl_ext.sandbox.execute_many` that runs nothing: it recognises the code family's snippets
+(a program, then `f` called on literal arguments) and answers from a table mapping each program's text to a Python
+function written in the test. Task logic can then be tested exactly, without processes; the real sandbox is tested
+on its own and with the family in integration tests.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..tasks.code_reasoning.programs import RESULT_VAR
+
+
+@dataclass
+class FakeResult:
+    """The fields of `trl_ext.sandbox.ExecutionResult` the code family reads."""
+
+    ok: bool
+    stdout: str = ""
+    error: str | None = None
+    value: Any = None
+    value_repr: str | None = None
+    duration_s: float = 0.0
+
+
+class FakeExecutor:
+    """`execute_many(snippets, result_var=..., ...)` answered from `programs`: program text -> function.
+
+    An unknown program, or a function that raises, gives a failed result; a returned value is exchanged as its repr,
+    read back with `ast.literal_eval` (a non-literal value fails with "unreadable result", as in the sandbox).
+    `calls` records the size of each batch.
+    """
+
+    def __init__(self, programs: dict[str, Callable]):
+        self.programs = {text.strip(): fn for text, fn in programs.items()}
+        self.calls: list[int] = []
+
+    def __call__(self, snippets, *, result_var=None, timeout_s=5.0, memory_mb=512, max_workers=None):
+        assert result_var == RESULT_VAR
+        self.calls.append(len(snippets))
+        return [self.run(snippet) for snippet in snippets]
+
+    def run(self, snippet: str) -> FakeResult:
+        program, _, call = snippet.rpartition(f"\n\n{RESULT_VAR} = ")
+        fn = self.programs.get(program.strip())
+        if fn is None:
+            return FakeResult(False, error="NameError: unknown program")
+        try:
+            if call.startswith("f(*"):
+                value = fn(*ast.literal_eval(call[3:].strip()[:-1]))
+            else:  # [f(*args) for args in [...]]
+                value = [fn(*args) for args in ast.literal_eval(call.split(" for args in ", 1)[1].strip()[:-1])]
+        except Exception as error:  # noqa: BLE001 - a program's exception is a failed execution
+            return FakeResult(False, error=f"{type(error).__name__}: {error}")
+        text = repr(value)
+        try:
+            return FakeResult(True, value=ast.literal_eval(text), value_repr=text)
+        except (ValueError, SyntaxError):
+            return FakeResult(False, error="unreadable result")
