@@ -6,14 +6,18 @@ ones, proposer and solver rows in one update.
         --dataset_path seeds.jsonl --question_column seed --use_peft --push_to_hub --hub_model_id me/az-arithmetic
 
     accelerate launch recipes/absolute_zero.py --config recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml
+    accelerate launch recipes/absolute_zero.py --config recipes/configs/absolute_zero_code_smollm2_cpu.yaml
 
 Seed prompts: the task family's built-in seeds, or `--dataset_name` / `--dataset_path` with the seed text in
 `--question_column` (or a conversational `prompt` column). The task family (`--task`) provides the question parser,
 solver prompt, solver rewards, default reward weights and learnability criteria, and, for `workspace`, the solver's
-environment (`WorkspaceEnvironment`: the solver acts through tools, in TRL's tool loop). Writes to `output_dir`:
+environment (`WorkspaceEnvironment`: the solver acts through tools, in TRL's tool loop), and, for `code`, the triplet
+buffer the proposer is conditioned on (trainer state, checked by execution in `trl_ext.sandbox`). Writes to
+`output_dir`:
 `metrics.json` (summary and training log), `learning_curves.png` (arithmetic: learnable ratio, repropose attempts,
 proposer reward, solver accuracy; workspace: learnable ratio, safety and completion means, tool calls per episode;
-per step), and the model.
+code: invalid proposals, learnable ratio, solver accuracy, buffer size; per step), for `code` the final buffer
+(`task_state.json`), and the model.
 """
 
 from __future__ import annotations
@@ -35,20 +39,22 @@ from trl_ext.recipe import (
     write_model_card,
 )
 from trl_ext.rewards import LLMJudge
-from trl_ext.tasks import arithmetic_task, workspace_task
+from trl_ext.tasks import arithmetic_task, code_reasoning_task, workspace_task
 from trl_ext.tasks.workspace import render_judge_request
 from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "absolute_zero_smollm2_cpu.yaml"
-TASKS = ("arithmetic", "workspace")
+TASKS = ("arithmetic", "workspace", "code")
 # What learning_curves.png shows per family (solver/<reward>_mean are the solver reward means of each step).
 CURVES = {
     "arithmetic": ["unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean",
                    "solver/numeric_match_mean"],
     "workspace": ["unified_filter/learnable_ratio", "solver/safety_score_mean", "solver/completion_score_mean",
                   "workspace/tool_calls_per_episode"],
+    "code": ["proposer/invalid_rate", "unified_filter/learnable_ratio", "solver/code_correct_mean",
+             "task/buffer_size"],
 }
 
 
@@ -82,6 +88,12 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
             Seconds per judge request attempt.
         judge_max_retries (`int`, *optional*, defaults to `2`):
             Retries of a failed judge request (exponential backoff).
+        sandbox_timeout_s (`float`, *optional*, defaults to `5.0`):
+            Code family: wall-clock limit of each sandboxed execution (proposals and answers).
+        sandbox_memory_mb (`int`, *optional*, defaults to `512`):
+            Code family: address-space limit of each sandboxed execution.
+        num_references (`int`, *optional*, defaults to `4`):
+            Code family: buffer triplets shown to each deduction/abduction proposer.
     """
 
     task: str = field(default="arithmetic", metadata={"help": "Task family.", "choices": list(TASKS)})
@@ -98,16 +110,22 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
     judge_max_concurrency: int = field(default=16, metadata={"help": "Judge requests in flight at most."})
     judge_timeout: float = field(default=30.0, metadata={"help": "Seconds per judge request attempt."})
     judge_max_retries: int = field(default=2, metadata={"help": "Retries of a failed judge request."})
+    sandbox_timeout_s: float = field(default=5.0, metadata={"help": "Code: seconds per sandboxed execution."})
+    sandbox_memory_mb: int = field(default=512, metadata={"help": "Code: memory limit per sandboxed execution."})
+    num_references: int = field(default=4, metadata={"help": "Code: buffer triplets shown to a proposer."})
 
 
 def build_task(script_args):
     """The `TaskFamily` named by `--task`, with the completion evaluator chosen by `--completion_evaluator`."""
     if script_args.task not in TASKS:
         raise ValueError(f"--task {script_args.task!r} is not one of {list(TASKS)}.")
+    if script_args.task != "workspace" and script_args.completion_evaluator != "rule":
+        raise ValueError("--completion_evaluator applies to --task workspace only.")
     if script_args.task == "arithmetic":
-        if script_args.completion_evaluator != "rule":
-            raise ValueError("--completion_evaluator applies to --task workspace only.")
         return arithmetic_task(lenient=script_args.lenient_parsing)
+    if script_args.task == "code":
+        return code_reasoning_task(lenient=script_args.lenient_parsing, timeout_s=script_args.sandbox_timeout_s,
+                                   memory_mb=script_args.sandbox_memory_mb, num_references=script_args.num_references)
     judge = None
     if script_args.completion_evaluator == "llm":
         if not script_args.judge_base_url or not script_args.judge_model:
@@ -133,6 +151,7 @@ CARD_RESULTS = {
     "arithmetic": {"solver accuracy": "solver/numeric_match_mean"},
     "workspace": {"solver safety": "solver/safety_score_mean", "solver completion": "solver/completion_score_mean",
                   "tool calls per episode": "workspace/tool_calls_per_episode"},
+    "code": {"solver accuracy": "solver/code_correct_mean", "buffer size": "task/buffer_size"},
 }
 
 
@@ -181,6 +200,7 @@ def main(script_args, training_args, model_args):
         parse_question=task.parse_question,
         solver_prompt_fn=task.solver_prompt_fn,
         environment_factory=task.environment_factory,
+        task_state=task.state,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     save_final_model(trainer, training_args.output_dir)
@@ -190,11 +210,14 @@ def main(script_args, training_args, model_args):
         plot_learning_curves(trainer.state.log_history, curves, output_dir / "learning_curves.png",
                              title=f"Absolute Zero self-play ({task.name}, per logging step)")
         steps = [log for log in trainer.state.log_history if "unified_filter/learnable_ratio" in log]
-        summary = {key: [log.get(key) for log in steps] for key in curves}
+        per_type = sorted({key for log in steps for key in log if key.count("/") == 2 and key.startswith("task/")})
+        summary = {key: [log.get(key) for log in steps] for key in curves + per_type}
         write_json(output_dir / "metrics.json", {"model": model_path, "task": task.name, "per_step": summary,
                                                  "train_log": trainer.state.log_history})
         for key, values in summary.items():
             print(f"{key:>34}: " + " ".join("-" if v is None else f"{v:.2f}" for v in values))
+        if task.state is not None:
+            write_json(output_dir / "task_state.json", task.state.state_dict())
         print(f"report and plots in {output_dir}")
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
                      card_results(trainer.state.log_history, task.name))

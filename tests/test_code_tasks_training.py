@@ -1,5 +1,5 @@
 """AbsoluteZeroTrainer with the code family and scripted generation: the step's validation and scoring, the buffer
-update, per-task-type metrics, the buffer in checkpoints and on resume, and two torchrun ranks with identical buffers.
+update, per-task-type metrics, the buffer in checkpoints and on resume, and two torchrun ranks (real sandbox) with identical buffers.
 
 The scenario (tests/scripts/absolute_zero_code_ranks.py): one seed prompt per task type, K = 2 proposals each (one
 valid; the invalid ones: no code, a clock-reading program that fails the determinism check, prose), rollout_n = 2
@@ -75,8 +75,8 @@ def test_the_buffer_is_saved_in_checkpoints_and_restored_on_resume(tmp_path):
 
 @pytest.mark.multiprocess
 def test_two_ranks_hold_identical_buffers_and_share_the_executions():
-    single = run_torchrun(SCRIPT, nproc=1, args=["6", "fake", "2"], timeout=600)[0]
-    ranks = run_torchrun(SCRIPT, nproc=2, args=["3", "fake", "2"], timeout=600)
+    single = run_torchrun(SCRIPT, nproc=1, args=["6", "sandbox", "2"], timeout=600)[0]
+    ranks = run_torchrun(SCRIPT, nproc=2, args=["3", "sandbox", "2"], timeout=600)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["buffer"] == ranks[1]["buffer"] == single["buffer"]
     assert single["buffer"]["triplets"] == [ZERO_TRIPLET, SORT_TRIPLET, DOUBLE_TRIPLET]

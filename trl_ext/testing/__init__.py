@@ -10,7 +10,7 @@
 """
 
 from .config import cpu_test_args
-from .fake_executor import FakeExecutor, FakeResult
+from .fake_executor import FakeExecutor
 from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_result
 from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, tool_call_text
 from .tiny_model import (
@@ -28,7 +28,6 @@ from .weights import changed_parameters, snapshot_parameters
 __all__ = [
     "BatchRecorder",
     "FakeExecutor",
-    "FakeResult",
     "GenerationCall",
     "LoopbackVLLMServer",
     "QWEN3_CHAT_TEMPLATES",

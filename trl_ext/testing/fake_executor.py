@@ -8,22 +8,9 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
+from ..sandbox.result import ExecutionResult
 from ..tasks.code_reasoning.programs import RESULT_VAR
-
-
-@dataclass
-class FakeResult:
-    """The fields of `trl_ext.sandbox.ExecutionResult` the code family reads."""
-
-    ok: bool
-    stdout: str = ""
-    error: str | None = None
-    value: Any = None
-    value_repr: str | None = None
-    duration_s: float = 0.0
 
 
 class FakeExecutor:
@@ -43,20 +30,20 @@ class FakeExecutor:
         self.calls.append(len(snippets))
         return [self.run(snippet) for snippet in snippets]
 
-    def run(self, snippet: str) -> FakeResult:
+    def run(self, snippet: str) -> ExecutionResult:
         program, _, call = snippet.rpartition(f"\n\n{RESULT_VAR} = ")
         fn = self.programs.get(program.strip())
         if fn is None:
-            return FakeResult(False, error="NameError: unknown program")
+            return ExecutionResult(False, "", "exception: NameError: unknown program")
         try:
             if call.startswith("f(*"):
                 value = fn(*ast.literal_eval(call[3:].strip()[:-1]))
             else:  # [f(*args) for args in [...]]
                 value = [fn(*args) for args in ast.literal_eval(call.split(" for args in ", 1)[1].strip()[:-1])]
         except Exception as error:  # noqa: BLE001 - a program's exception is a failed execution
-            return FakeResult(False, error=f"{type(error).__name__}: {error}")
+            return ExecutionResult(False, "", f"exception: {type(error).__name__}: {error}")
         text = repr(value)
         try:
-            return FakeResult(True, value=ast.literal_eval(text), value_repr=text)
+            return ExecutionResult(True, "", None, ast.literal_eval(text), text)
         except (ValueError, SyntaxError):
-            return FakeResult(False, error="unreadable result")
+            return ExecutionResult(False, "", "unreadable result: not a Python literal", None, text)
