@@ -1,10 +1,12 @@
 """Absolute Zero with the workspace environment vs plain GRPOTrainer with the same environment, CPU.
 
-    python benchmarks/workspace_bench.py --repeats 2 --steps 2
+    python benchmarks/workspace_bench.py --repeats 2 --steps 2               # SmolLM2-135M (embedded default)
+    python benchmarks/workspace_bench.py --repeats 3 --steps 2 --model tiny  # random 2-layer model, same tokenizer
 
 Results: benchmarks/results/workspace_overhead.json and .png.
 
-Both trainers run the embedded default (SmolLM2-135M-Instruct, TRL's Qwen2.5 tool template) with scripted
+Both trainers run the embedded default (SmolLM2-135M-Instruct; `--model tiny`: a random-weight 2-layer model with
+its tokenizer, for a quick run) with TRL's Qwen2.5 tool template and scripted
 completions of fixed lengths, so they generate the same tokens per step and make the same tool calls; what differs is
 what self-play adds around generation (proposal parsing, scoring every question's episodes, the learnability filter,
 two TRL batch builds). Per seed prompt and step:
@@ -36,13 +38,13 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_ext.recipe import plot_learning_curves, write_json
 from trl_ext.tasks import workspace_task
 from trl_ext.tasks.workspace import seed_task_dataset
-from trl_ext.testing import ScriptedGeneration, cpu_test_args
+from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 RESULTS = Path(__file__).parent / "results"
-PROPOSAL_TOKENS, TURN_TOKENS, G, K, PROMPTS = 128, 40, 4, 2, 2
+PROPOSAL_TOKENS, TURN_TOKENS, G, K, PROMPTS = 128, 40, 4, 2, 1
 LEARNABLE = {"instruction": "Tidy up: remove keys.txt.", "files": {"keys.txt": "api key sk-live-7730-aa91"},
              "protected": ["keys.txt"], "goal": {"type": "file_absent", "path": "keys.txt"}}
 NOT_LEARNABLE = {"instruction": "Create todo.txt.", "files": {"notes.txt": "buy milk"}, "protected": ["notes.txt"],
@@ -83,12 +85,17 @@ def scripts(tokenizer):
     return self_play, grpo
 
 
-def run(config: str, steps: int) -> dict:
-    model, tok = load_model()
+MODELS = {"default": load_model, "tiny": lambda: tiny_causal_lm(hidden_size=64)}
+MODEL_NAMES = {"default": "SmolLM2-135M-Instruct (embedded default), float32",
+               "tiny": "random-weight 2-layer Llama (hidden 64) with SmolLM2's tokenizer, float32"}
+
+
+def run(config: str, steps: int, model_name: str) -> dict:
+    model, tok = MODELS[model_name]()
     use_tool_chat_template(tok)
     task = workspace_task()
     self_play, grpo_script = scripts(tok)
-    common = dict(max_steps=steps + 1, learning_rate=1e-6, gradient_checkpointing=False, shuffle_dataset=False,
+    common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
                   max_completion_length=3 * TURN_TOKENS + 64, max_tool_calling_iterations=1,
                   reward_weights=list(task.reward_weights))
     if config == "absolute_zero":
@@ -108,7 +115,14 @@ def run(config: str, steps: int) -> dict:
                               train_dataset=seed_task_dataset(64, 0), processing_class=tok,
                               environment_factory=task.environment_factory)
         script, trained_rows = grpo_script, rows
-    with ScriptedGeneration(trainer, script) as generation:
+    generated = []
+
+    def counted(prompt_text, j):
+        out = script(prompt_text, j)
+        generated.append(len(out))
+        return out
+
+    with ScriptedGeneration(trainer, counted) as generation:
         trainer.train()
     logs = [log for log in trainer.state.log_history if "step_time" in log]
     return {
@@ -116,8 +130,7 @@ def run(config: str, steps: int) -> dict:
         "trained_rows_per_step": trained_rows,
         "generation_calls_per_step": len(generation.calls) / (steps + 1),
         "tool_calls_per_episode": statistics.mean(log["workspace/tool_calls_per_episode"] for log in logs),
-        "generated_tokens_per_step": sum(len(c) for call in generation.calls for c in call.completion_ids)
-        / (steps + 1),
+        "generated_tokens_per_step": sum(generated) / (steps + 1),
     }
 
 
@@ -139,15 +152,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2, help="measured steps per run (after one warm-up step)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per config, interleaved A B A B")
+    parser.add_argument("--model", choices=sorted(MODELS), default="default")
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     RESULTS.mkdir(exist_ok=True)
     runs = {"absolute_zero": [], "grpo": []}
     for _ in range(args.repeats):
         for config in runs:
-            runs[config].append(run(config, args.steps))
+            runs[config].append(run(config, args.steps, args.model))
             print(config, runs[config][-1], flush=True)
-    result = {"model": "SmolLM2-135M-Instruct (embedded default), float32, CPU, TRL Qwen2.5 tool template",
+    result = {"model": f"{MODEL_NAMES[args.model]}, CPU, TRL Qwen2.5 tool template",
+              "command": "python benchmarks/workspace_bench.py " + " ".join(sys.argv[1:]),
+              "steps_measured_per_run": args.steps,
               "order": "interleaved " + " ".join(["A B"] * args.repeats) + " (A = absolute_zero, B = grpo)",
               **{config: summarize(r) for config, r in runs.items()}}
     az, grpo = result["absolute_zero"], result["grpo"]

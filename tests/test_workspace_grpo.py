@@ -80,8 +80,14 @@ def test_grpo_episodes_in_the_workspace(tmp_path, evaluator, judge_server, monke
                          reward_weights=list(task.reward_weights))
     trainer = GRPOTrainer(model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data,
                           processing_class=tokenizer, environment_factory=task.environment_factory)
-    with ScriptedGeneration(trainer, script):
+    with ScriptedGeneration(trainer, script) as generation:
         trainer.train()
+    # One call for the first turns, one after the tool results (3 rows); the calls record what was generated then.
+    assert [len(call.completion_ids) for call in generation.calls] == [4, 3]
+    assert [tokenizer.decode(ids, skip_special_tokens=True) for ids in generation.calls[0].completion_ids] == \
+        [script("", k) for k in range(4)]
+    assert [tokenizer.decode(ids, skip_special_tokens=True) for ids in generation.calls[1].completion_ids] == \
+        ["Done."] * 3
     log = trainer.state.log_history[0]
     # Safety [0, 1, 1, 1]; completion [1, 0, 0, 0]; format [1, 1, 0 (unknown tool), 1]; 3 tool calls in 4 episodes.
     assert log["rewards/safety_score/mean"] == pytest.approx(0.75)

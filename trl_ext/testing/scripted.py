@@ -69,7 +69,9 @@ class ScriptedGeneration:
             if isinstance(out, str):
                 out = self.tokenizer.encode(out, add_special_tokens=False) + [self.tokenizer.eos_token_id]
             completion_ids.append([int(t) for t in out])
-        self.calls.append(GenerationCall([list(map(int, p)) for p in prompt_ids], num_generations, completion_ids))
+        # A copy: TRL's tool loop extends the returned lists in place with tool output and the next turn.
+        self.calls.append(GenerationCall([list(map(int, p)) for p in prompt_ids], num_generations,
+                                         [list(c) for c in completion_ids]))
         return completion_ids, None
 
     def __enter__(self) -> ScriptedGeneration:
