@@ -87,7 +87,8 @@ def test_repr_that_raises_or_is_not_a_string():
 def test_repr_that_never_returns():
     result = execute("class E:\n    def __repr__(self):\n        while True: pass\nresult = E()", result_var="result",
                      timeout_s=1.0)
-    assert not result.ok and result.error == "timeout"
+    # The wall-clock timeout or the CPU-time rlimit, whichever fires first on the machine's load.
+    assert not result.ok and result.error.startswith("timeout")
 
 
 def test_repr_that_prints_a_fake_result():
@@ -292,7 +293,7 @@ def test_rlimits_only_fallback_warns_and_names_what_is_missing():
     assert info["namespaces"] == [] and info["uid"] == NOBODY
     assert any("network" in m for m in info["missing"]) and any("file system" in m for m in info["missing"])
     assert len(warned) == 1 and "not fully isolated" in warned[0] and "sockets can reach the network" in warned[0]
-    assert "BlockingIOError" in fork_error and cpu_error == "timeout"
+    assert "BlockingIOError" in fork_error and cpu_error.startswith("timeout")  # wall clock or CPU rlimit
 
 
 @pytest.mark.parametrize("kwargs, field", [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),
