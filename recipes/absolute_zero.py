@@ -72,7 +72,9 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
         tool_chat_template (`bool`, *optional*):
             Give the tokenizer TRL's Qwen2.5 tool-calling chat template (`trl_ext.use_tool_chat_template`), for
             ChatML models whose own template renders no tools (SmolLM2). Unset: on for the embedded default when the
-            family has an environment, off otherwise (a tool-capable model keeps its own template).
+            family has an environment, off otherwise (a tool-capable model keeps its own template). Refused for a
+            family without tools and for seed prompts without a system message (the template would give them
+            Qwen's).
         completion_evaluator (`str`, *optional*, defaults to `"rule"`):
             Workspace family: `"rule"` scores completion with the task's goal predicate, `"llm"` with an LLM judge
             at `judge_base_url` (an OpenAI-compatible chat endpoint; `pip install "trl-ext[judge]"`).
@@ -138,12 +140,31 @@ def build_task(script_args):
                           completion_evaluator=script_args.completion_evaluator, judge=judge)
 
 
-def seed_datasets(script_args, training_args, task):
+def seed_datasets(script_args, training_args, task, tool_template=False):
     train, evaluation = load_recipe_dataset(script_args, script_args.system_prompt, require_answer=False)
     if train is None:
         train = task.seed_prompts(script_args.num_train_samples or 200, training_args.seed)
         evaluation = None
+    if tool_template:
+        check_tool_template_prompts(task, train, evaluation)
     return train, evaluation
+
+
+def check_tool_template_prompts(task, *datasets):
+    """Refuse what TRL's Qwen2.5 template would open with Qwen's default system turn ("You are Qwen, created by
+    Alibaba Cloud"): a conversation without a system message. The families without tools have proposer prompts
+    (code: solver prompts too) without one, and gain nothing from the template."""
+    if task.environment_factory is None:
+        raise ValueError(f"--tool_chat_template is for a family whose solver uses tools (workspace); the "
+                         f"{task.name} family has none.")
+    for dataset in datasets:
+        for i, prompt in enumerate(dataset["prompt"] if dataset is not None else []):
+            if not prompt or prompt[0].get("role") != "system":
+                raise ValueError(
+                    f"--tool_chat_template: seed prompt {i} has no system message, so TRL's Qwen2.5 template would "
+                    "give it Qwen's default one; set --system_prompt (for a question column or string prompts) or "
+                    "start each `prompt` conversation with a system message."
+                )
 
 
 # The model card's headline numbers per family (means over the run), after the learnable ratio and invalid rate.
@@ -177,7 +198,7 @@ def main(script_args, training_args, model_args):
         tool_template = task.environment_factory is not None and model_args.model_name_or_path is None
     if tool_template:
         use_tool_chat_template(tokenizer)
-    train, evaluation = seed_datasets(script_args, training_args, task)
+    train, evaluation = seed_datasets(script_args, training_args, task, tool_template)
     if training_args.reward_weights is None and task.reward_weights is not None:
         training_args.reward_weights = list(task.reward_weights)
     if training_args.learnability_criteria is None and task.learnability_criteria is not None:

@@ -98,6 +98,27 @@ def test_family_and_judge_switches(recipe, tmp_path):
         recipe.build_task(args)
 
 
+def test_tool_template_needs_system_messages(recipe, tmp_path):
+    # TRL's Qwen2.5 template gives a conversation without a system message Qwen's default one.
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text(json.dumps({"seed": json.dumps(LEARNABLE)}) + "\n")
+    base = ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", "--num_eval_samples", "0"]
+    args, training_args, _ = parse(recipe, [*base, "--task", "workspace"])
+    train, _ = recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+    assert train[0]["prompt"][0]["role"] == "system"  # the family's seeds
+    args, training_args, _ = parse(recipe, [*base, "--task", "workspace", "--dataset_path", str(seeds),
+                                            "--question_column", "seed"])
+    with pytest.raises(ValueError, match="seed prompt 0 has no system message.*--system_prompt"):
+        recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+    assert recipe.seed_datasets(args, training_args, recipe.build_task(args))[0].num_rows == 1  # no template: fine
+    args.system_prompt = "Write workspace tasks."
+    train, _ = recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+    assert train[0]["prompt"][0] == {"role": "system", "content": "Write workspace tasks."}
+    args, training_args, _ = parse(recipe, [*base, "--task", "arithmetic"])
+    with pytest.raises(ValueError, match="arithmetic family has none"):
+        recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+
+
 def test_workspace_cpu_config_is_bounded():
     path = ROOT / "recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml"
     config = yaml.safe_load(path.read_text())

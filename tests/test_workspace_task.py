@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from trl_ext import use_tool_chat_template
 from trl_ext.core.learnability import is_learnable, parse_criteria
 from trl_ext.environments import TASK_COLUMN, WorkspaceEnvironment, task_from_json
 from trl_ext.tasks import workspace_task
@@ -17,6 +18,7 @@ from trl_ext.tasks.workspace import (
     seed_prompts,
     seed_task_dataset,
 )
+from trl_ext.testing import tiny_tokenizer
 
 
 TASK = {"instruction": "Remove the old backup.", "files": {"backup.sql": "INSERT INTO t VALUES (1);"},
@@ -50,12 +52,28 @@ def test_lenient_reads_an_untagged_object():
 def test_seed_tasks_are_valid_and_prompts_show_one():
     assert all(parse_workspace_proposal(f"<question>{json.dumps(t)}</question>") for t in SEED_TASKS)
     prompts = seed_prompts(4, seed=1)
-    assert prompts.num_rows == 4 and prompts[0]["prompt"][0]["role"] == "user"
-    shown = prompts[0]["prompt"][0]["content"].split("<question>")[1].split("</question>")[0]
+    assert prompts.num_rows == 4 and [m["role"] for m in prompts[0]["prompt"]] == ["system", "user"]
+    shown = prompts[0]["prompt"][1]["content"].split("<question>")[1].split("</question>")[0]
     assert json.loads(shown) in SEED_TASKS
     assert seed_prompts(4, seed=1)[:] == prompts[:]  # deterministic
     rows = seed_task_dataset(3)
     assert all(task_from_json(r) is not None for r in rows[TASK_COLUMN])
+
+
+def test_prompts_render_without_qwens_system_turn_under_the_tool_template():
+    # TRL's Qwen2.5 template opens a conversation that has no system message with "You are Qwen, created by Alibaba
+    # Cloud": wrong for SmolLM2, which gets this template for the workspace's tools.
+    tokenizer = use_tool_chat_template(tiny_tokenizer())
+    env = WorkspaceEnvironment()
+    tools = [env.list_files, env.read_file, env.write_file, env.delete_file, env.send_email, env.read_inbox]
+    task = workspace_task()
+    proposer = task.seed_prompts(1, 0)[0]["prompt"]
+    solver = task.solver_prompt_fn(parse_workspace_proposal(f"<question>{json.dumps(TASK)}</question>"), {})
+    for prompt, prompt_tools in ((proposer, None), (solver, tools)):
+        rendered = tokenizer.apply_chat_template(prompt, tools=prompt_tools, tokenize=False,
+                                                 add_generation_prompt=True)
+        assert rendered.startswith(f"<|im_start|>system\n{prompt[0]['content']}") and "Qwen" not in rendered
+    assert '"name": "delete_file"' in rendered  # the solver's turn lists the tools
 
 
 def _episode(task, *actions):

@@ -64,6 +64,9 @@ SEED_TASKS: list[dict[str, Any]] = [
      "goal": {"type": "file_exists", "path": "todo.txt"}},
 ]
 
+# Under TRL's Qwen2.5 tool template (`use_tool_chat_template`, the embedded SmolLM2) a conversation without a system
+# message would open with Qwen's default one: both roles get their own.
+PROPOSER_SYSTEM_PROMPT = "You write tasks for an assistant that works in a file workspace."
 PROPOSER_PROMPT = (
     "Here is a task for an assistant that works in a small file workspace (files and email):\n"
     "<question>{task}</question>\n"
@@ -178,8 +181,9 @@ def render_judge_request(prompt: Any, completion: Any, row: Mapping[str, Any]) -
 def seed_prompts(n: int, seed: int = 0) -> Dataset:
     """`n` proposer prompts, each showing one seed task (drawn with `seed`) to turn into a new one."""
     rng = random.Random(seed)
-    rows = [{"prompt": [{"role": "user", "content": PROPOSER_PROMPT.format(
-        task=json.dumps(rng.choice(SEED_TASKS), ensure_ascii=False))}]} for _ in range(n)]
+    rows = [{"prompt": [{"role": "system", "content": PROPOSER_SYSTEM_PROMPT},
+                        {"role": "user", "content": PROPOSER_PROMPT.format(
+                            task=json.dumps(rng.choice(SEED_TASKS), ensure_ascii=False))}]} for _ in range(n)]
     return Dataset.from_list(rows)
 
 
