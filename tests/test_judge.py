@@ -3,6 +3,7 @@ a counted metric, never an exception), retries, bounded concurrency, the cache, 
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -106,7 +107,7 @@ def test_cache_hits_skip_the_server(server):
     judge = judge_for(server, "cached")
     run(judge, ["0.5", "0.25"])
     hits = server.hits["cached"]
-    scores, metrics = run(judge, ["0.5", "0.25", "0.5", "0.75"])  # a new event loop: the client is rebuilt
+    scores, metrics = run(judge, ["0.5", "0.25", "0.5", "0.75"])  # a new event loop, a new client
     assert scores == [0.5, 0.25, 0.5, 0.75]
     assert server.hits["cached"] == hits + 1 and metrics["llm_judge/cache_hits"] == 3.0
     assert judge.stats == Counter({"requests": 3, "cache_hits": 3})
@@ -162,8 +163,28 @@ def test_api_key_from_the_environment_is_sent_not_kept(server, monkeypatch):
     judge = judge_for(server, "keyed", api_key_env="MY_JUDGE_KEY")
     run(judge, ["0.5"])
     assert server.auth[-1] == "Bearer sk-very-secret"
-    assert "sk-very-secret" not in repr(judge)
-    assert all("sk-very-secret" not in repr(value) for key, value in vars(judge).items() if key != "_loop_state")
+    assert "sk-very-secret" not in repr(judge) and "sk-very-secret" not in repr(vars(judge))
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-rotated")
+    run(judge, ["0.25"])
+    assert server.auth[-1] == "Bearer sk-rotated"  # read at each call
+
+
+def test_api_key_is_never_logged(server, monkeypatch, caplog):
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-logged-nowhere")
+    for logger in (None, "trl_ext", "openai", "httpx", "httpcore", "httpx2", "httpcore2"):
+        caplog.set_level(logging.DEBUG, logger=logger)
+    failing = judge_for(server, "error", api_key_env="MY_JUDGE_KEY", max_retries=1)
+    answering = judge_for(server, "ok", api_key_env="MY_JUDGE_KEY")
+    assert run(failing, ["0.5"])[0] == [None] and run(answering, ["0.5"])[0] == [0.5]
+    assert server.auth[-2:] == ["Bearer sk-logged-nowhere"] * 2  # sent, on both
+    # The client and its transport logged the requests at DEBUG, retries included: the check below is not vacuous.
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(record.name.startswith("openai") for record in caplog.records)
+    assert any("Retrying" in m for m in messages)
+    assert any(record.name.startswith(("httpx", "httpcore")) for record in caplog.records)
+    assert [m for m in messages if "sk-logged-nowhere" in m] == []
+    assert [r.name for r in caplog.records if "sk-logged-nowhere" in repr(vars(r))] == []
+    assert "sk-logged-nowhere" not in repr(failing) + repr(answering)
 
 
 def test_default_render_and_columns(server):

@@ -9,8 +9,8 @@ per-attempt `timeout` and the `max_retries` retries with exponential backoff (on
 metric, never an exception. Scores are cached by request (model, messages, sampling settings), so a repeated
 completion is judged once; failures are not cached.
 
-The API key is read from the environment variable `api_key_env` when a client is built; it is never stored on the
-judge, printed or logged.
+The API key is read from the environment variable `api_key_env` at each call, into that call's client, which is
+closed when the call ends: the judge itself never holds it (nor does its `repr`), and it is never printed or logged.
 """
 
 from __future__ import annotations
@@ -105,26 +105,15 @@ class LLMJudge:
         self.cache_size = cache_size
         self._cache: OrderedDict[str, float] = OrderedDict()
         self.stats: Counter = Counter()  # requests, cache_hits, failures (cumulative)
-        self._loop_state = None  # (event loop, client, semaphore): both are bound to the loop they first run on
 
     def __repr__(self) -> str:
         return f"LLMJudge(name={self.__name__!r}, model={self.model!r}, base_url={self.base_url!r})"
-
-    def _client(self):
-        loop = asyncio.get_running_loop()
-        if self._loop_state is None or self._loop_state[0] is not loop:
-            from openai import AsyncOpenAI
-
-            client = AsyncOpenAI(base_url=self.base_url, api_key=os.environ.get(self.api_key_env) or "EMPTY",
-                                 timeout=self.timeout, max_retries=self.max_retries)
-            self._loop_state = (loop, client, asyncio.Semaphore(self.max_concurrency))
-        return self._loop_state[1], self._loop_state[2]
 
     def _request(self, messages: Messages) -> dict[str, Any]:
         return {"model": self.model, "messages": messages, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
 
-    async def score(self, messages: Messages) -> float | None:
+    async def _score(self, client, semaphore: asyncio.Semaphore, messages: Messages) -> float | None:
         """The judge's score for one request, or `None` (unreachable, HTTP error, garbled or non-numeric reply)."""
         request = self._request(messages)
         key = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
@@ -132,7 +121,6 @@ class LLMJudge:
             self._cache.move_to_end(key)
             self.stats["cache_hits"] += 1
             return self._cache[key]
-        client, semaphore = self._client()
         async with semaphore:
             self.stats["requests"] += 1
             try:
@@ -159,7 +147,14 @@ class LLMJudge:
                 row["environment"] = environments[i]
             requests.append(self.render(prompt, completion, row))
         before = Counter(self.stats)
-        scores = await asyncio.gather(*(self.score(messages) for messages in requests))
+        from openai import AsyncOpenAI
+
+        # A client per call keeps the key off the judge, and the client and semaphore on the event loop awaiting them
+        # (TRL's loop thread, or any other). Its cost (a client, connections opened anew) is small beside a batch.
+        async with AsyncOpenAI(base_url=self.base_url, api_key=os.environ.get(self.api_key_env) or "EMPTY",
+                               timeout=self.timeout, max_retries=self.max_retries) as client:
+            semaphore = asyncio.Semaphore(self.max_concurrency)
+            scores = await asyncio.gather(*(self._score(client, semaphore, messages) for messages in requests))
         if log_metric is not None:
             for stat in ("failures", "cache_hits", "requests"):
                 log_metric(f"{self.__name__}/{stat}", float(self.stats[stat] - before[stat]))
