@@ -1,9 +1,10 @@
 """Hostile snippets against `trl_ext.sandbox`: each one must fail with a reason and leave no trace outside.
 
-Containment is checked from the outside: sentinel files (a root-owned 0600 secret, a file in a world-writable
-directory, the project's own files) are byte-identical afterwards, listeners on 127.0.0.1, on a Unix socket and in
-the abstract namespace are never contacted, a process of the sandbox's own uid running on the host survives every
-kill attempt, no process is left running as that uid, and the caller (this test process) is alive.
+Containment is checked from the outside, after every case, against targets set up before the first one: sentinel
+files (a root-owned 0600 secret, a file in a world-writable directory, the project's own files) keep their bytes and
+modes and gain no neighbours, listeners on 127.0.0.1, on a Unix socket and in the abstract namespace are never
+contacted, a process of the sandbox's own uid running on the host survives every kill attempt, no process is left
+running as that uid, and the caller (this test process) is alive.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -50,7 +52,34 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture(scope="module")
+def file_state(base: Path) -> dict[str, tuple[int, str | None]]:
+    """Mode and content hash of everything under the sentinel directory (new files included) and of the project files
+    the snippets attack."""
+    paths = [base, *base.rglob("*"), REPO / "README.md", REPO / "setup.cfg", Path(__file__)]
+    state = {}
+    for path in paths:
+        mode = path.lstat().st_mode
+        state[str(path)] = (mode, digest(path) if stat.S_ISREG(mode) else None)
+    return state
+
+
+def contacted(sockets: dict[str, socket.socket]) -> list[str]:
+    """The listeners that got a connection or a datagram since the last look; what they got is consumed, so that
+    one case's contact is not blamed on the next."""
+    reached = []
+    for name, sock in sockets.items():
+        while True:
+            try:
+                sock.recv(65536) if name == "udp" else sock.accept()[0].close()
+            except BlockingIOError:
+                break
+            reached.append(name)
+    return reached
+
+
+# The targets outside the sandbox are set up before the first case (autouse, module scope) and checked after every
+# case (`contained`), so damage is caught whichever case does it.
+@pytest.fixture(scope="module", autouse=True)
 def sentinels():
     """Files the snippets attack. They live inside the project (visible to the sandbox, unlike /tmp): a root-owned
     0600 secret, a world-readable file, and a world-writable directory with a world-writable file in it."""
@@ -65,17 +94,19 @@ def sentinels():
     os.chmod(base / "open", 0o777)
     (base / "open" / "victim.txt").write_text("victim")
     os.chmod(base / "open" / "victim.txt", 0o666)
-    watched = [base / "secret.txt", base / "public.txt", base / "open" / "victim.txt", REPO / "README.md",
-               REPO / "setup.cfg", Path(__file__)]
-    before = {path: digest(path) for path in watched}
     yield base
-    after = {path: digest(path) for path in watched if path.exists()}
     shutil.rmtree(base)
-    assert after == before, "a sentinel file changed or disappeared"
 
 
-@pytest.fixture(scope="module")
-def listeners():
+@pytest.fixture(scope="module", autouse=True)
+def sentinel_state(sentinels):
+    """The sentinels' state before the first case; `contained` moves it on after a case that changed them, so that
+    the next case is not blamed too."""
+    return {"expected": file_state(sentinels)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def listener_sockets():
     """A TCP and a UDP listener on 127.0.0.1, a Unix socket in /tmp and one in the abstract namespace."""
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.bind(("127.0.0.1", 0))
@@ -87,41 +118,43 @@ def listeners():
     unix.bind(unix_path)
     os.chmod(unix_path, 0o777)
     unix.listen(8)
-    abstract_name = f"\0trl-ext-sandbox-test-{uuid.uuid4().hex[:8]}"
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    abstract.bind(abstract_name)
+    abstract.bind(f"\0trl-ext-sandbox-test-{uuid.uuid4().hex[:8]}")
     abstract.listen(8)
     socks = {"tcp": tcp, "udp": udp, "unix": unix, "abstract": abstract}
     for sock in socks.values():
         sock.setblocking(False)
-    yield {"tcp": tcp.getsockname()[1], "udp": udp.getsockname()[1], "unix": unix_path,
-           "abstract": abstract_name}
-    for name in ("tcp", "unix", "abstract"):
-        with pytest.raises(BlockingIOError):
-            socks[name].accept()
-    with pytest.raises(BlockingIOError):
-        udp.recv(100)
+    yield socks
     for sock in socks.values():
         sock.close()
     os.unlink(unix_path)
 
 
 @pytest.fixture(scope="module")
+def listeners(listener_sockets):
+    """Their addresses, as a snippet would use them."""
+    return {name: sock.getsockname()[1] if name in ("tcp", "udp") else sock.getsockname()
+            for name, sock in listener_sockets.items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
 def bystander():
-    """A host process running as the sandbox's uid: a snippet must not be able to signal it."""
+    """A host process running as the sandbox's uid (only root can start one): a snippet must not be able to signal
+    it."""
     if not ROOT:
-        pytest.skip("needs root to start a process as uid 65534")
+        yield None
+        return
     proc = subprocess.Popen(["sleep", "300"], user=NOBODY, group=NOBODY, extra_groups=[])
     yield proc
-    assert proc.poll() is None, "the bystander process was killed from inside the sandbox"
     proc.kill()
     proc.wait()
 
 
 @pytest.fixture(autouse=True)
-def contained():
-    """After every case: the caller is alive (trivially, we run) and no process of the snippets' uid is left running
-    under it (other than the bystander; a zombie awaiting its reaping runs nothing)."""
+def contained(sentinels, sentinel_state, listener_sockets, bystander):
+    """After every case: no process of the snippets' uid is left running under the caller (other than the bystander;
+    a zombie awaiting its reaping runs nothing), the bystander lives, the sentinel files are as they were, no listener
+    was contacted, and the caller is alive (trivially, we run)."""
     yield
     if not ROOT:  # the fork servers run as our uid too: end them, then nothing of that uid may remain
         default_pool().close()
@@ -138,7 +171,16 @@ def contained():
         if not left or time.monotonic() > deadline:  # a child killed after its reply may still be exiting
             break
         time.sleep(0.05)
-    assert left == []
+    now, expected = file_state(sentinels), sentinel_state["expected"]
+    sentinel_state["expected"] = now
+    breaches = {
+        "processes left running": left,
+        "bystander killed": bystander is not None and bystander.poll() is not None,
+        "sentinel files changed, added or removed": sorted(p for p in now.keys() | expected.keys()
+                                                           if now.get(p) != expected.get(p)),
+        "listeners reached": contacted(listener_sockets),
+    }
+    assert not any(breaches.values()), breaches
 
 
 def fails(code: str, *reasons: str, timeout_s: float = 2.0, memory_mb: int = 256, **kwargs):
@@ -200,6 +242,8 @@ def test_daemon_double_fork():
 
 @needs_namespaces
 def test_kill_every_process_it_can(bystander):
+    if bystander is None:
+        pytest.skip("needs root to start a process as uid 65534")
     # kill(-1) and a sweep over PIDs reach only the snippet's own PID namespace: the bystander (same uid) survives.
     fails(f"import os, signal\nos.kill(-1, signal.SIGKILL)\nfor pid in range(2, 4096):\n    try:\n"
           f"        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nos.kill({bystander.pid}, 9)",
