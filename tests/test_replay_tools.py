@@ -88,8 +88,12 @@ def test_tool_episode_stored_and_replayed_with_its_tool_mask(tmp_path):
     assert [m["role"] for m in stored.completion] == ["assistant", "tool", "assistant"]
     assert stored.completion[1]["content"] == "counter=2" and stored.completion[2]["content"] == "done"
     assert stored.env_rewards == {"Counter": 1.0}
-    # Buffer bytes: ids (int32) + log-probs (float32) + tool mask (bool) per token, plus the messages as JSON.
-    assert stored.nbytes > 9 * n and trainer.experience.nbytes >= stored.nbytes
+    # Buffer bytes, the figures the README quotes: ids (int32) + log-probs (float32) + tool mask (bool) per token, plus
+    # the messages and recorded rewards as JSON.
+    assert (stored.completion_ids.dtype, stored.logps.dtype, stored.tool_mask.dtype) == \
+        (torch.int32, torch.float32, torch.bool)
+    assert n == 56 and stored.nbytes - 9 * n == 260 and f"{stored.nbytes / n:.1f}" == "13.6"
+    assert trainer.experience.nbytes >= stored.nbytes
 
     # Step 1: the replay group is A's (1 fresh row, then the stored episode); the other group is fresh.
     replay_rows = [i for i in range(4) if step1["exp_mask"][i].any()]
