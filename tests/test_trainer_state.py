@@ -1,6 +1,7 @@
 """Trainer state in checkpoints: the JSON + safetensors format, refusal of crafted and corrupt files, and crash
 consistency of the checkpoint writes (each write failed in turn, with ReplayGRPOTrainer)."""
 
+import dataclasses
 import datetime
 import errno
 import hashlib
@@ -141,6 +142,14 @@ def full_disk(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def truncated_trainer_state(state, json_path):
+    """`TrainerState.save_to_json` stopped by a full disk half-way through the file."""
+    text = json.dumps(dataclasses.asdict(state), indent=2)
+    with open(json_path, "w") as file:
+        file.write(text[: len(text) // 2])
+    full_disk()
+
+
 # Every write of a checkpoint: ours (tensors, then JSON) and transformers' (weights, tokenizer, optimizer and
 # scheduler, scaler, RNG, trainer_state.json).
 WRITES = {
@@ -165,13 +174,16 @@ def trained(tmp_path_factory):
     return trainer, out
 
 
-@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("write", [*WRITES, "trainer_state.json cut off"])
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(trained, monkeypatch, write):
     trainer, out = trained
     previous = out / "checkpoint-1"
     before = folder_digest(previous)
     monkeypatch.setattr(trainer.state, "global_step", 2)
-    monkeypatch.setattr(*WRITES[write](trainer), full_disk)
+    if write == "trainer_state.json cut off":
+        monkeypatch.setattr(type(trainer.state), "save_to_json", truncated_trainer_state)
+    else:
+        monkeypatch.setattr(*WRITES[write](trainer), full_disk)
     with pytest.raises(OSError, match="No space left"):
         trainer._save_checkpoint(trainer.model, trial=None)
     assert folder_digest(previous) == before
@@ -204,6 +216,9 @@ def test_resume_after_a_failed_save_restores_the_previous_buffer(trained, tmp_pa
     shutil.copytree(out, run)
     (run / "checkpoint-7").mkdir()  # a save killed mid-way (no exception to clean up after): not taken
     (run / "checkpoint-7" / "model.safetensors").write_bytes(b"partial")
+    shutil.copytree(run / "checkpoint-1", run / "checkpoint-8")  # killed while writing trainer_state.json: not taken
+    cut = (run / "checkpoint-8" / "trainer_state.json").read_bytes()
+    (run / "checkpoint-8" / "trainer_state.json").write_bytes(cut[: len(cut) // 2])
     resumed = replay_trainer(run, max_steps=2)
     restored = []
     load = resumed.load_checkpoint_state

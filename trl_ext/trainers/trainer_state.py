@@ -170,8 +170,8 @@ def load_state(folder: str | os.PathLike, name: str, owner: str, legacy_file: st
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The highest `checkpoint-N` in `output_dir` that transformers completed (it holds `trainer_state.json`, written
-    last); incomplete ones above it are skipped with a warning."""
+    """The highest `checkpoint-N` in `output_dir` that transformers completed (it holds a `trainer_state.json` that
+    parses, written last); incomplete ones above it are skipped with a warning."""
     if not os.path.isdir(output_dir):
         return None
     prefix = f"{PREFIX_CHECKPOINT_DIR}-"
@@ -181,9 +181,23 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     )
     for _, name in reversed(steps):
         folder = os.path.join(output_dir, name)
-        if os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
+        problem = _trainer_state_problem(os.path.join(folder, TRAINER_STATE_NAME))
+        if problem is None:
             return folder
-        logger.warning(f"{folder} is incomplete (no {TRAINER_STATE_NAME}: its save was interrupted); skipped.")
+        logger.warning(f"{folder} is incomplete ({problem}: its save was interrupted); skipped.")
+    return None
+
+
+def _trainer_state_problem(path: str) -> str | None:
+    """Why `path` is not a complete `trainer_state.json`, or `None`. transformers writes it in place (not atomically),
+    so a save killed while writing it leaves a truncated file."""
+    try:
+        with open(path) as file:
+            json.load(file)
+    except FileNotFoundError:
+        return f"no {TRAINER_STATE_NAME}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{TRAINER_STATE_NAME} does not parse: {error}"
     return None
 
 
@@ -231,9 +245,9 @@ class CheckpointStateMixin:
                 save_state(folder, self.checkpoint_state_name, state)
             super()._save_checkpoint(model, trial)
         except BaseException:
-            # transformers' resume_from_checkpoint=True takes the highest checkpoint-N: drop an incomplete one (no
-            # trainer_state.json, which transformers writes last, before rotating) so that the previous is taken.
-            if started and self.args.should_save and not os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
+            # transformers' resume_from_checkpoint=True takes the highest checkpoint-N: drop an incomplete one (its
+            # trainer_state.json, written last and not atomically, is absent or cut off) so the previous is taken.
+            if started and self.args.should_save and _trainer_state_problem(os.path.join(folder, TRAINER_STATE_NAME)):
                 shutil.rmtree(folder, ignore_errors=True)
             raise
 
