@@ -1,5 +1,6 @@
 """Trainer state in checkpoints: the JSON + safetensors format, refusal of crafted and corrupt files, and crash
-consistency of the checkpoint writes (each write failed in turn, with ReplayGRPOTrainer)."""
+consistency of the checkpoint writes (each write failed in turn, with ReplayGRPOTrainer; RLCRMultiTurnTrainer, which
+has no state of its own, gets the same guarantees)."""
 
 import dataclasses
 import datetime
@@ -19,7 +20,13 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from trl_ext.testing import cpu_test_args, tiny_causal_lm
-from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer, trainer_state
+from trl_ext.trainers import (
+    ReplayGRPOConfig,
+    ReplayGRPOTrainer,
+    RLCRMultiTurnConfig,
+    RLCRMultiTurnTrainer,
+    trainer_state,
+)
 from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
 
 
@@ -237,3 +244,37 @@ def test_state_that_does_not_fit_the_trainer_is_a_clear_error(trained, tmp_path,
     with pytest.raises(CheckpointStateError, match=r"replay_state\.json does not hold the state ReplayGRPOTrainer "
                                                    r"expects \(KeyError\('difficulty2task'\)\)"):
         trainer._load_optimizer_and_scheduler(str(tmp_path))
+
+
+# -- RLCRMultiTurnTrainer: no state of its own, the same guarantees ---------------------------------------------------
+def rlcr_trainer(output_dir, **overrides):
+    model, tokenizer = tiny_causal_lm(seed=1)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}], "solution": str(i)}
+                                 for i in range(4)])
+    args = cpu_test_args(output_dir, RLCRMultiTurnConfig, **{
+        "max_steps": 1, "num_generations": 2, "num_generations_confidence": 2, "per_device_train_batch_size": 4,
+        "max_completion_length": 4, "max_confidence_length": 4, "save_strategy": "steps", "save_steps": 1,
+        "save_total_limit": 1, **overrides})
+    return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def test_rlcr_failed_save_keeps_the_previous_checkpoint_and_resume_skips_incomplete_ones(tmp_path, monkeypatch):
+    trainer = rlcr_trainer(tmp_path)
+    trainer.train()
+    previous = tmp_path / "checkpoint-1"
+    before = folder_digest(previous)
+    monkeypatch.setattr(trainer.state, "global_step", 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "_save_optimizer_and_scheduler", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            trainer._save_checkpoint(trainer.model, trial=None)
+    assert checkpoints(tmp_path) == ["checkpoint-1"] and folder_digest(previous) == before
+
+    (tmp_path / "checkpoint-7").mkdir()  # a save killed mid-way: not taken
+    (tmp_path / "checkpoint-7" / "model.safetensors").write_bytes(b"partial")
+    resumed = rlcr_trainer(tmp_path, max_steps=2)
+    loaded = []
+    load = resumed._load_from_checkpoint
+    monkeypatch.setattr(resumed, "_load_from_checkpoint", lambda folder, *a: loaded.append(folder) or load(folder, *a))
+    resumed.train(resume_from_checkpoint=True)
+    assert loaded == [str(previous)] and resumed.state.global_step == 2

@@ -8,7 +8,8 @@ parses JSON and safetensors only, so a crafted file can at worst be refused.
 
 [`CheckpointStateMixin`] puts the files into `checkpoint-N/` before transformers writes anything there, so they are in
 every checkpoint that transformers completes (its `trainer_state.json`, written last) and before older checkpoints are
-rotated away; a save that fails removes the checkpoint folder it started, leaving the previous one the latest.
+rotated away; a save that fails removes the checkpoint folder it started, leaving the previous one the latest, and
+`resume_from_checkpoint=True` skips incomplete folders. Every trainer mixes it in, with or without state of its own.
 """
 
 from __future__ import annotations
@@ -219,18 +220,21 @@ def _load_legacy(path: str, restart: str) -> Any:
 
 
 class CheckpointStateMixin:
-    """For `Trainer` subclasses with state across steps: saved in each checkpoint, restored on resume.
+    """For `Trainer` subclasses: crash-consistent checkpoints (a failed save removes the folder it started,
+    `resume_from_checkpoint=True` takes the latest complete one) and the trainer's state across steps, saved in each
+    checkpoint and restored on resume.
 
-    Set `checkpoint_state_name` (the file stem) and implement `checkpoint_state()` (the state, identical on every
-    process, or `None` for nothing to save) and `load_checkpoint_state(state)`. `checkpoint_state_legacy_file` names
-    a torch file an earlier version wrote instead (read with `weights_only=True`).
+    A trainer with state sets `checkpoint_state_name` (the file stem) and implements `checkpoint_state()` (the state,
+    identical on every process, or `None` for nothing to save) and `load_checkpoint_state(state)`; one without leaves
+    the name `None`. `checkpoint_state_legacy_file` names a torch file an earlier version wrote instead (read with
+    `weights_only=True`).
     """
 
-    checkpoint_state_name: str
+    checkpoint_state_name: str | None = None
     checkpoint_state_legacy_file: str | None = None
 
     def checkpoint_state(self) -> Any:
-        raise NotImplementedError
+        return None
 
     def load_checkpoint_state(self, state: Any) -> None:
         raise NotImplementedError
@@ -260,7 +264,7 @@ class CheckpointStateMixin:
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Called with the resolved checkpoint folder on resume, for every backend (DeepSpeed and FSDP included).
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
+        if checkpoint is not None and self.checkpoint_state_name is not None:
             owner = type(self).__name__
             state = load_state(checkpoint, self.checkpoint_state_name, owner, self.checkpoint_state_legacy_file)
             try:
