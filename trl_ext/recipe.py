@@ -342,9 +342,10 @@ def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
     DeepSpeed and FSDP).
 
     If the save fails (a full disk, say), nothing in `output_dir` is replaced, the staging folder is removed and the
-    error names the last checkpoint, which still holds the trained weights (checkpoints are never deleted here).
+    error names the last complete checkpoint, which still holds the trained weights (checkpoints are never deleted
+    here).
     """
-    from transformers.trainer_utils import get_last_checkpoint
+    from .trainers.trainer_state import last_complete_checkpoint
 
     output_dir = Path(output_dir)
     staging = output_dir / FINAL_STAGING
@@ -362,7 +363,7 @@ def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
     except Exception as error:
         if main_process:
             shutil.rmtree(staging, ignore_errors=True)
-        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        last = last_complete_checkpoint(output_dir)  # a folder whose save was cut off holds no usable weights
         keep = (f"the trained weights are in the last checkpoint, {last} (load it as a model, or resume from it)"
                 if last else "no checkpoint was saved (set save_strategy and save_steps to keep one)")
         raise RuntimeError(
