@@ -1,14 +1,17 @@
 """Bad data through the recipes' loaders and through the trainers: missing gold answers are never scored as wrong,
 empty datasets and malformed files fail with clear errors, plain-text prompts keep the system prompt."""
 
+import functools
 import json
 import logging
 import math
 
 import pytest
+import datasets
 import torch
 from datasets import Dataset
 
+from trl_ext import recipe
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.tasks import arithmetic_task
@@ -75,6 +78,30 @@ def test_malformed_json_names_the_file_and_line(tmp_path):
     document.write_text('[\n  {"question": "a", "answer": "1"},\n  {"question": "b" "answer": "2"}\n]\n')
     with pytest.raises(ValueError, match=r"data\.json: line 3: not valid JSON"):
         load_recipe_dataset(RecipeScriptArguments(dataset_path=str(document)), None)
+
+
+def test_unreadable_csv_names_the_file_and_line(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("question,answer\na,1\nb,2,3\n")
+    with pytest.raises(ValueError, match=r"data\.csv: cannot be read as CSV \(ParserError: .*Expected 2 fields in "
+                                         r"line 3, saw 3\)"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path)), None)
+    path.write_bytes(b"question,answer\n\xff\xfe,1\n")
+    with pytest.raises(ValueError, match=r"data\.csv: cannot be read as CSV \(UnicodeDecodeError: 'utf-8' codec"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path)), None)
+
+
+def test_jsonl_column_whose_type_changes_across_lines(tmp_path, monkeypatch):
+    """datasets with the `Json` feature loads it (the gold answer becomes text); one without it refuses the file,
+    which then fails naming the file and the column."""
+    path = write_jsonl(tmp_path / "data.jsonl", [{"question": "a", "answer": 1}, {"question": "b", "answer": "x"}])
+    train, _ = load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
+    assert train["solution"] == ["1", "x"]
+
+    monkeypatch.setattr(recipe, "load_dataset", functools.partial(datasets.load_dataset, on_mixed_types=None))
+    with pytest.raises(ValueError, match=r"data\.jsonl: cannot be read as JSON \(ArrowInvalid: .*Column\(/answer\) "
+                                         r"changed from number to string"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
 
 
 def test_empty_datasets_fail_clearly(tmp_path):
