@@ -91,6 +91,20 @@ def test_legacy_file_of_plain_tensors_and_containers_loads(tmp_path):
     assert state["replay_active"] is True and state["experience"]["ids"].tolist() == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy-pickle"])
+@pytest.mark.parametrize("kept", [0.5, 10, -5], ids=["half", "first-bytes", "all-but-the-end"])
+def test_truncated_legacy_file_names_the_file(tmp_path, zip_format, kept):
+    """torch raises EOFError, RuntimeError, OSError or struct.error on a cut-off file, depending on where it ends."""
+    path = tmp_path / "replay_state.pt"
+    torch.save({"experience": {"ids": torch.ones(100)}, "replay_active": True}, path,
+               _use_new_zipfile_serialization=zip_format)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * kept) if isinstance(kept, float) else kept])
+    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt was refused: .* or is truncated") as info:
+        load_state(tmp_path, "replay_state", OWNER, legacy_file="replay_state.pt")
+    assert str(path) in str(info.value) and "resume_from_checkpoint" in str(info.value)
+
+
 def test_pickle_in_place_of_the_tensor_file_is_refused(tmp_path):
     marker = tmp_path / "ran"
     save_state(tmp_path, "s", {"x": torch.ones(1)})
