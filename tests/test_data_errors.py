@@ -6,8 +6,8 @@ import json
 import logging
 import math
 
-import pytest
 import datasets
+import pytest
 import torch
 from datasets import Dataset
 
@@ -24,6 +24,7 @@ from trl_ext.trainers import (
     RLCRMultiTurnConfig,
     RLCRMultiTurnTrainer,
 )
+from trl_ext.user_calls import UserCallGuard
 
 
 def conversation(text):
@@ -253,8 +254,24 @@ def test_parse_question_that_raises_is_logged_once_counted_and_invalid(tmp_path,
     logs = [log for log in trainer.state.log_history if "proposer/invalid_rate" in log]
     assert [log["errors/parse_question"] for log in logs] == [2.0, 2.0]  # one per seed prompt, each step
     assert [log["proposer/invalid_rate"] for log in logs] == [0.5, 0.5]
-    raised = [r for r in caplog.records if r.getMessage().startswith("parse_question raised")]
+    raised = [r for r in caplog.records
+              if r.getMessage().startswith(f"parse_question ({fragile.__module__}.{fragile.__qualname__}) raised")]
     assert len(raised) == 1 and "KeyError: 'boom'" in caplog.text
+
+
+def test_user_callables_are_logged_by_their_own_name(caplog):
+    class Parser:
+        def __call__(self, text):
+            raise KeyError(text)
+
+    def parse(text, strict):
+        raise KeyError(text)
+
+    for func, name in [(Parser(), Parser.__qualname__), (functools.partial(parse, strict=True), parse.__qualname__)]:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="trl_ext.user_calls"):
+            assert UserCallGuard("parse_question", "the proposal counts as invalid")(func, "1+") == (None, False)
+        assert caplog.messages[0].startswith(f"parse_question ({__name__}.{name}) raised: the proposal counts as")
 
 
 def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplog):
@@ -272,7 +289,8 @@ def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplo
     log = trainer.state.log_history[0]
     assert log["errors/solver_prompt_fn"] == 2.0 and log["proposer/invalid_rate"] == 0.5
     assert len(gen.calls[1].prompt_ids) == 4  # only 1+1 (one per seed) is solved, twice
-    assert "solver_prompt_fn raised" in caplog.text and "ValueError: bad template" in caplog.text
+    assert f"solver_prompt_fn ({fragile.__module__}.{fragile.__qualname__}) raised" in caplog.text
+    assert "ValueError: bad template" in caplog.text
 
 
 def test_template_field_the_question_lacks_warns_once_and_is_counted(tmp_path, caplog):

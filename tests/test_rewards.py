@@ -571,7 +571,8 @@ def test_accuracy_func_that_raises_is_logged_once_and_counted(caplog):
                             log_metric=lambda name, value: logged.append((name, value)))
             assert rewards == [1.0, None, None, 0.0]  # raised: not judged, not wrong
     assert len(calls) == 6
-    errors = [r for r in caplog.records if "accuracy_func raised" in r.getMessage()]
+    errors = [r for r in caplog.records if r.getMessage().startswith(
+        f"accuracy_func ({broken.__module__}.{broken.__qualname__}) raised")]  # its role and its own name
     assert len(errors) == 1 and "RuntimeError: boom" in caplog.text  # the first traceback, once
     assert logged.count(("errors/accuracy_func_rate", 0.5)) == 2
 
