@@ -53,6 +53,18 @@ def test_template_without_eos_is_rejected(tok):
         follow_up_turn(tok, "Confidence?", [tok.eos_token_id], chat_template=no_eos)
 
 
+def test_an_eos_before_the_answer_does_not_close_it():
+    """GLM-4.5 ends a turn with the next role tag (`<|user|>` is one of its EOS ids) and writes nothing after an
+    assistant message: the only EOS in the rendering opens the question, and cutting there made a suffix that repeated
+    the whole first turn."""
+    tok = tiny_tokenizer()
+    tok.chat_template = trl_chat_template("glm4moe")
+    tok.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>"]})
+    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|user|>")]
+    with pytest.raises(ValueError, match="closes an assistant turn without an end-of-sequence token"):
+        follow_up_turn(tok, "Confidence?", eos)
+
+
 # -- templates that render the last assistant turn differently: TRL's prefix-preserving training versions ---------
 def _qwen_cases():
     for name in QWEN3_CHAT_TEMPLATES:
