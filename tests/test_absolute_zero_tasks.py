@@ -52,7 +52,10 @@ def test_never_calls_eval():
         assert safe_evaluate("2 * (3 + 4)") == 14
 
 
-FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# Bounds on hangs and quadratic blow-ups, not on speed: each input takes milliseconds; a quadratic regex scan of the
+# 20,000-character inputs below took 12-20 s here, an unbounded power far longer. Generous for a loaded 2-core machine.
+HANG_S = 5.0
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ATOMS = st.one_of(st.integers(-10**15, 10**15).map(str), st.sampled_from(["0", "0.5", "1e9", "x", "()", "''", "**"]))
 
 
@@ -70,7 +73,7 @@ def expressions(draw, depth=0):
 def test_fuzz_never_raises_or_hangs(text):
     start = time.perf_counter()
     value = safe_evaluate(text)
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S
     if value is not None:
         assert abs(value) <= 10**12 and value.denominator <= 10**6
         tree = ast.parse(text.strip().replace("×", "*").replace("÷", "/"), mode="eval")  # safe_evaluate strips
@@ -85,7 +88,7 @@ def test_pathological_inputs(text):
     assert safe_evaluate(text) is None
     assert make_question_parser()(f"<question>{text}</question>") is None
     assert make_question_parser(lenient=True)(text) is None  # the lenient search: no quadratic backtracking blow-up
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < HANG_S
 
 
 @FUZZ
@@ -95,7 +98,7 @@ def test_fuzz_parser_never_raises_or_hangs(text):
     for parse in (make_question_parser(), make_question_parser(lenient=True)):
         question = parse(text)
         assert question is None or safe_evaluate(question["expression"]) is not None
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < HANG_S
 
 
 def test_format_and_parse_numbers():

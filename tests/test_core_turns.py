@@ -1,6 +1,10 @@
-"""Follow-up turns built on token ids agree with the chat template, without re-rendering earlier turns."""
+"""Follow-up turns built on token ids agree with the chat template, without re-rendering earlier turns; every chat
+template TRL ships a training version of is kept, swapped for that version, or refused."""
+
+from pathlib import Path
 
 import pytest
+import trl
 
 from trl_ext.core.turns import FollowUpTurn, NotPrefixPreservingError, follow_up_turn
 from trl_ext.testing import QWEN3_CHAT_TEMPLATES, tiny_qwen3_lm, tiny_tokenizer, trl_chat_template
@@ -53,6 +57,18 @@ def test_template_without_eos_is_rejected(tok):
         follow_up_turn(tok, "Confidence?", [tok.eos_token_id], chat_template=no_eos)
 
 
+def test_an_eos_before_the_answer_does_not_close_it():
+    """GLM-4.5 ends a turn with the next role tag (`<|user|>` is one of its EOS ids) and writes nothing after an
+    assistant message: the only EOS in the rendering opens the question, and cutting there made a suffix that repeated
+    the whole first turn."""
+    tok = tiny_tokenizer()
+    tok.chat_template = trl_chat_template("glm4moe")
+    tok.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>"]})
+    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|user|>")]
+    with pytest.raises(ValueError, match="closes an assistant turn without an end-of-sequence token"):
+        follow_up_turn(tok, "Confidence?", eos)
+
+
 # -- templates that render the last assistant turn differently: TRL's prefix-preserving training versions ---------
 def _qwen_cases():
     for name in QWEN3_CHAT_TEMPLATES:
@@ -98,6 +114,100 @@ def test_qwen3_family_templates_use_trls_training_version(name, kwargs):
     shipped = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
                                       chat_template=trl_chat_template(name), **kwargs)
     assert shipped != rendered
+
+
+# -- every chat template TRL ships a training version of -------------------------------------------------------------
+TRAINING_TEMPLATES = sorted(p.name.removesuffix("_training.jinja") for p in
+                            (Path(trl.__file__).parent / "chat_templates").glob("*_training.jinja"))
+# The token each template's models end an assistant turn with (an EOS id), and, where it differs, the tokenizer's
+# EOS, which TRL also counts as one (Phi-3's template writes it after the last turn only).
+END_OF_TURN = {
+    "cohere": "<|END_OF_TURN_TOKEN|>", "cohere2": "<|END_OF_TURN_TOKEN|>",
+    "deepseek_r1_distill": "<｜end▁of▁sentence｜>", "deepseekv3": "<｜end▁of▁sentence｜>", "diffusion_gemma": "<turn|>",
+    "gemma": "<end_of_turn>", "gemma3": "<end_of_turn>", "glm4moe": "<|user|>", "gptoss": "<|return|>",
+    "lfm2": "<|im_end|>", "lfm2_v2": "<|im_end|>", "llama3": "<|eot_id|>", "muse_glimmer": "<|eot|>",
+    "nemotron_3_nano": "<|im_end|>",
+    "nemotron_3_super": "<|im_end|>", "nemotron_3_ultra": "<|im_end|>", "nemotron_3_5_lightning": "<|im_end|>",
+    "phi3": "<|end|>", "phi3_5": "<|end|>", "qwen2_5": "<|im_end|>", "qwen2_5_vl": "<|im_end|>", "qwen3": "<|im_end|>",
+    "qwen3_instruct_2507": "<|im_end|>", "qwen3_vl": "<|im_end|>", "qwen3_5_nothink": "<|im_end|>",
+    "qwen3_5_think": "<|im_end|>", "qwen3_6": "<|im_end|>", "qwen3_8": "<|im_end|>",
+}
+TOKENIZER_EOS = {"glm4moe": "<|endoftext|>", "phi3": "<|endoftext|>", "phi3_5": "<|endoftext|>"}
+# Swapped for TRL's training version (`qwen3_8` only with preserve_thinking=False, tested above).
+SWAPPED = set(QWEN3_CHAT_TEMPLATES) - {"qwen3_8"}
+# Refused at init, TRL's training version notwithstanding: gpt-oss closes the last assistant turn with <|return|>
+# and earlier ones with <|end|>, Phi-3 writes its EOS after the last turn only (their training versions only add
+# generation markers); GLM-4.5 writes no end-of-turn token after an assistant message.
+REFUSED = {"gptoss": "renders the first turns differently", "phi3": "renders the first turns differently",
+           "phi3_5": "renders the first turns differently", "glm4moe": "without an end-of-sequence token"}
+# Vision-language processors' templates, which read message content as a list of parts: not covered here.
+VISION = {"idefics3", "llava_next", "smolvlm"}
+# Generation prompts that the rendered history does not start the answer turn with (the `<think>` they open is
+# dropped): the follow-up keeps the sampled tokens, which the template re-renders otherwise.
+REWRITES_ANSWER_TURN = {"deepseek_r1_distill", "deepseekv3"}
+
+
+def carrying(name):
+    """SmolLM2's tokenizer with TRL's stored template `name`, its end-of-turn token a special token; and the EOS ids
+    as GRPOTrainer collects them (the tokenizer's EOS and the model's)."""
+    tok = tiny_tokenizer()
+    tok.chat_template = trl_chat_template(name)
+    tok.add_special_tokens({"additional_special_tokens": [END_OF_TURN[name]]})
+    tok.eos_token = TOKENIZER_EOS.get(name, END_OF_TURN[name])
+    return tok, sorted({tok.eos_token_id, tok.convert_tokens_to_ids(END_OF_TURN[name])})
+
+
+def _template_cases():
+    for name in TRAINING_TEMPLATES:
+        for thinking in (True, False):
+            skip = pytest.mark.skip(reason="vision-language template: content is a list of parts")
+            yield pytest.param(name, thinking, id=f"{name}-{'think' if thinking else 'nothink'}",
+                               marks=[skip] if name in VISION else [])
+
+
+@pytest.mark.parametrize("name, thinking", list(_template_cases()))
+def test_every_template_trl_has_a_training_version_of(name, thinking):
+    """Kept when prefix-preserving as shipped (TRL's version only adds generation markers and renders the same),
+    swapped for TRL's version (the Qwen3 family), or refused with the fix."""
+    tok, eos = carrying(name)
+    kwargs = {"enable_thinking": thinking}
+    if name in REFUSED:
+        with pytest.raises(ValueError, match=rf"{REFUSED[name]}.*[Ss]et `tokenizer\.chat_template`"):
+            follow_up_turn(tok, "Confidence?", eos, **kwargs)
+        return
+    turn = follow_up_turn(tok, "Confidence?", eos, **kwargs)
+    training = trl_chat_template(f"{name}_training")
+    assert turn.chat_template == (training if name in SWAPPED else None)
+    conversation = [{"role": "user", "content": "What is 2+3?"},
+                    {"role": "assistant", "content": "<answer>5</answer>"}, {"role": "user", "content": "Confidence?"}]
+    render = {template: tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
+                                                chat_template=template, **kwargs)
+              for template in (training, trl_chat_template(name))}
+    assert (render[training] != render[trl_chat_template(name)]) == (name in SWAPPED)
+
+
+@pytest.mark.parametrize("name", sorted(set(TRAINING_TEMPLATES) - SWAPPED - set(REFUSED) - VISION))
+def test_kept_templates_render_the_follow_up_exactly(name):
+    """Thinking off, the answer sampled as the template renders it: token concatenation gives the template's own
+    rendering of the whole conversation (as for the Qwen3 family with TRL's version, above)."""
+    tok, eos = carrying(name)
+    turn = follow_up_turn(tok, "Confidence?", eos, enable_thinking=False)
+    question = [{"role": "user", "content": "What is 2+3?"}]
+    answer = {"role": "assistant", "content": "<answer>5</answer>"}
+
+    def render(messages, add_generation_prompt):
+        return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                       enable_thinking=False)
+
+    prompt, closed = render(question, True), render([*question, answer], False)
+    assert closed.startswith(prompt) != (name in REWRITES_ANSWER_TURN)
+    if name in REWRITES_ANSWER_TURN:
+        return  # the sampled tokens are kept, as test_template_that_rewrites_earlier_turns_is_not_re_rendered shows
+    sampled = closed[len(prompt):].split(END_OF_TURN[name])[0]
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tok(sampled, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(END_OF_TURN[name])]
+    ids = turn.prompt_ids(prompt_ids, answer_ids, eos)
+    assert tok.decode(ids) == render([*question, answer, {"role": "user", "content": "Confidence?"}], True)
 
 
 def test_prefix_preserving_template_is_kept(tok):

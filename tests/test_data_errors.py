@@ -1,14 +1,17 @@
 """Bad data through the recipes' loaders and through the trainers: missing gold answers are never scored as wrong,
 empty datasets and malformed files fail with clear errors, plain-text prompts keep the system prompt."""
 
+import functools
 import json
 import logging
 import math
 
+import datasets
 import pytest
 import torch
 from datasets import Dataset
 
+from trl_ext import recipe
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.tasks import arithmetic_task
@@ -21,6 +24,7 @@ from trl_ext.trainers import (
     RLCRMultiTurnConfig,
     RLCRMultiTurnTrainer,
 )
+from trl_ext.user_calls import UserCallGuard
 
 
 def conversation(text):
@@ -75,6 +79,30 @@ def test_malformed_json_names_the_file_and_line(tmp_path):
     document.write_text('[\n  {"question": "a", "answer": "1"},\n  {"question": "b" "answer": "2"}\n]\n')
     with pytest.raises(ValueError, match=r"data\.json: line 3: not valid JSON"):
         load_recipe_dataset(RecipeScriptArguments(dataset_path=str(document)), None)
+
+
+def test_unreadable_csv_names_the_file_and_line(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("question,answer\na,1\nb,2,3\n")
+    with pytest.raises(ValueError, match=r"data\.csv: cannot be read as CSV \(ParserError: .*Expected 2 fields in "
+                                         r"line 3, saw 3\)"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path)), None)
+    path.write_bytes(b"question,answer\n\xff\xfe,1\n")
+    with pytest.raises(ValueError, match=r"data\.csv: cannot be read as CSV \(UnicodeDecodeError: 'utf-8' codec"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path)), None)
+
+
+def test_jsonl_column_whose_type_changes_across_lines(tmp_path, monkeypatch):
+    """datasets with the `Json` feature loads it (the gold answer becomes text); one without it refuses the file,
+    which then fails naming the file and the column."""
+    path = write_jsonl(tmp_path / "data.jsonl", [{"question": "a", "answer": 1}, {"question": "b", "answer": "x"}])
+    train, _ = load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
+    assert train["solution"] == ["1", "x"]
+
+    monkeypatch.setattr(recipe, "load_dataset", functools.partial(datasets.load_dataset, on_mixed_types=None))
+    with pytest.raises(ValueError, match=r"data\.jsonl: cannot be read as JSON \(ArrowInvalid: .*Column\(/answer\) "
+                                         r"changed from number to string"):
+        load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
 
 
 def test_empty_datasets_fail_clearly(tmp_path):
@@ -226,8 +254,24 @@ def test_parse_question_that_raises_is_logged_once_counted_and_invalid(tmp_path,
     logs = [log for log in trainer.state.log_history if "proposer/invalid_rate" in log]
     assert [log["errors/parse_question"] for log in logs] == [2.0, 2.0]  # one per seed prompt, each step
     assert [log["proposer/invalid_rate"] for log in logs] == [0.5, 0.5]
-    raised = [r for r in caplog.records if r.getMessage().startswith("parse_question raised")]
+    raised = [r for r in caplog.records
+              if r.getMessage().startswith(f"parse_question ({fragile.__module__}.{fragile.__qualname__}) raised")]
     assert len(raised) == 1 and "KeyError: 'boom'" in caplog.text
+
+
+def test_user_callables_are_logged_by_their_own_name(caplog):
+    class Parser:
+        def __call__(self, text):
+            raise KeyError(text)
+
+    def parse(text, strict):
+        raise KeyError(text)
+
+    for func, name in [(Parser(), Parser.__qualname__), (functools.partial(parse, strict=True), parse.__qualname__)]:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="trl_ext.user_calls"):
+            assert UserCallGuard("parse_question", "the proposal counts as invalid")(func, "1+") == (None, False)
+        assert caplog.messages[0].startswith(f"parse_question ({__name__}.{name}) raised: the proposal counts as")
 
 
 def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplog):
@@ -245,7 +289,8 @@ def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplo
     log = trainer.state.log_history[0]
     assert log["errors/solver_prompt_fn"] == 2.0 and log["proposer/invalid_rate"] == 0.5
     assert len(gen.calls[1].prompt_ids) == 4  # only 1+1 (one per seed) is solved, twice
-    assert "solver_prompt_fn raised" in caplog.text and "ValueError: bad template" in caplog.text
+    assert f"solver_prompt_fn ({fragile.__module__}.{fragile.__qualname__}) raised" in caplog.text
+    assert "ValueError: bad template" in caplog.text
 
 
 def test_template_field_the_question_lacks_warns_once_and_is_counted(tmp_path, caplog):

@@ -40,6 +40,9 @@ def test_failed_final_save_replaces_nothing_and_names_the_last_checkpoint(tmp_pa
     if with_checkpoint:
         (tmp_path / "checkpoint-4").mkdir()
         (tmp_path / "checkpoint-4" / "model.safetensors").write_text("weights")
+        (tmp_path / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    (tmp_path / "checkpoint-5").mkdir()  # a save killed while writing trainer_state.json: not named
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_st')
     real_save = trainer.model.save_pretrained
 
     def disk_fills_after_config(directory, **kwargs):

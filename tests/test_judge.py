@@ -29,7 +29,7 @@ class _Handler(BaseHTTPRequestHandler):
             server.max_in_flight[mode] = max(server.max_in_flight[mode], server.in_flight[mode])
         try:
             if mode == "slow":
-                time.sleep(2.0)
+                server.release.wait(60)  # holds the reply until the module's tests are done
             if mode == "busy":
                 time.sleep(0.2)
             if mode == "error":
@@ -64,9 +64,11 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.daemon_threads = True
     httpd.lock, httpd.hits, httpd.auth, httpd.in_flight, httpd.max_in_flight = threading.Lock(), Counter(), [], Counter(), Counter()
+    httpd.release = threading.Event()
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield httpd
+    httpd.release.set()
     httpd.shutdown()
 
 
@@ -142,7 +144,7 @@ def test_slow_judge_times_out_to_none(server):
     start = time.monotonic()
     scores, metrics = run(judge_for(server, "slow", timeout=0.3), ["0.5"])
     assert scores == [None] and metrics["llm_judge/failures"] == 1.0
-    assert time.monotonic() - start < 1.9  # gave up before the server answered
+    assert time.monotonic() - start < 10  # a bound on the hang, not on speed: the server never answers in time
 
 
 def test_unreachable_judge_is_none():

@@ -2,6 +2,7 @@
 for full and LoRA runs, written by the recipes and pushed unchanged by `push_to_hub`."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,15 @@ from datasets import Dataset
 from huggingface_hub import ModelCard
 from peft import LoraConfig
 
-from trl_ext import DEFAULT_MODEL_NAME, ReplayGRPOConfig, ReplayGRPOTrainer, RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.default_model import default_model_path
+from trl_ext import (
+    DEFAULT_MODEL_NAME,
+    ReplayGRPOConfig,
+    ReplayGRPOTrainer,
+    RLCRMultiTurnConfig,
+    RLCRMultiTurnTrainer,
+    default_model,
+)
+from trl_ext.default_model import default_model_path, embedded_model_name
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.testing import cpu_test_args, tiny_checkpoint
 from trl_ext.trainers.model_card import resolve_base_model, results_table
@@ -68,11 +76,11 @@ def test_full_run_card_names_the_embedded_default_and_the_paper(tmp_path):
     assert "None" not in card.text
 
 
-def _lora_trainer(tmp_path, **overrides):
+def _lora_trainer(tmp_path, base=None, **overrides):
     args = cpu_test_args(tmp_path / "out", RLCRMultiTurnConfig, max_steps=1, num_generations=2,
                          num_generations_confidence=2, per_device_train_batch_size=2, max_completion_length=4,
                          max_confidence_length=4, **overrides)
-    return RLCRMultiTurnTrainer(model=tiny_checkpoint(tmp_path / "tiny"), args=args, train_dataset=_dataset(),
+    return RLCRMultiTurnTrainer(model=base or tiny_checkpoint(tmp_path / "tiny"), args=args, train_dataset=_dataset(),
                                 peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
 
 
@@ -91,6 +99,23 @@ def test_lora_run_card_replaces_peft_generic_card(tmp_path):
     local = str(tmp_path / "tiny")
     assert f"fine-tuned version of the local checkpoint `{local}`" in card.text and "None" not in card.text
     assert "| ECE (after) | 0.100 |" in card.text and "- PEFT: " in card.text
+
+
+def test_lora_card_on_a_local_base_with_a_hub_name_names_it(tmp_path):
+    """A local base that the embedded default's build marker identifies: the card and PEFT's tag name its Hub id."""
+    base = tiny_checkpoint(tmp_path / "tiny")
+    # The build's completion marker, copied from the real build: the tiny checkpoint now reads as that build.
+    shutil.copy(Path(default_model_path()) / default_model._COMPLETE_MARKER, base)
+    assert embedded_model_name(base) == DEFAULT_MODEL_NAME
+    trainer = _lora_trainer(tmp_path, base=base)
+    trainer.save_model(trainer.args.output_dir)  # PEFT's card, with the local path as base model
+    trainer.create_model_card()
+
+    card = ModelCard.load(Path(trainer.args.output_dir) / "README.md")
+    assert card.data.base_model == DEFAULT_MODEL_NAME and card.data.library_name == "peft"
+    assert {f"base_model:adapter:{DEFAULT_MODEL_NAME}", "lora", "rlcr"} <= set(card.data.tags)
+    assert f"fine-tuned version of [{DEFAULT_MODEL_NAME}](https://huggingface.co/{DEFAULT_MODEL_NAME})" in card.text
+    assert f"It started from the local checkpoint `{base}`." in card.text and "None" not in card.text
 
 
 def test_push_to_hub_pushes_the_recorded_card(tmp_path, monkeypatch):

@@ -136,3 +136,7 @@ def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
     assert [s["step"] for s in metrics["steps"]] == [1, 2, 3]
     assert all("buffer_trajectories" in s and s["accuracy"] is not None for s in metrics["steps"])
     assert "buffer:" in proc.stdout
+    card = (out / "README.md").read_text()  # ours, not PEFT's generic one
+    assert "library_name: peft" in card and "- exgrpo" in card and "@article{zhan2025exgrpo" in card
+    assert f"fine-tuned version of the local checkpoint `{model}`" in card
+    assert "Training data: the local file `data.csv`." in card and "| replay buffer trajectories |" in card

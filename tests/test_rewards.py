@@ -144,21 +144,28 @@ def test_extract_tag(text, expected):
     assert extract_tag(text, "answer") == expected
 
 
+# Bounds on hangs and quadratic blow-ups, not on speed (generous for a loaded 2-core machine): the linear code takes
+# milliseconds where the quadratic one took tens of seconds.
+QUADRATIC_S = 5.0
+# A stuck verifier is cut off at its timeout; a fresh worker (a spawned process importing math_verify) may follow.
+RESTART_S = 10.0
+
+
 def test_normalize_answer_is_linear_in_boxed_depth():
     # Peeling one layer per pass rescanned the rest each time: 4,000 layers took 3.6 s, 20,000 would take ~90 s.
     depth = 20_000
     start = time.perf_counter()
     assert normalize_answer("\\boxed{" * depth + "7" + "}" * depth) == "7"
     assert normalize_answer("$\\boxed{" * depth + "7" + "}$" * depth) == "7"
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < QUADRATIC_S
 
 
 def test_extract_tag_is_linear_on_many_unclosed_tags():
     text = "<answer>" * 20_000 + "</answer>"
     start = time.perf_counter()
     assert extract_tag(text, "answer") == ""
-    assert extract_tag("<answer>1" * 20_000, "answer") is None
-    assert time.perf_counter() - start < 2.0
+    assert extract_tag("<answer>1" * 20_000, "answer") is None  # a lazy-regex scan took 16 s here
+    assert time.perf_counter() - start < QUADRATIC_S
 
 
 @pytest.mark.parametrize(
@@ -324,7 +331,7 @@ def short_timeout(monkeypatch):
 @pytest.mark.parametrize("on_main_thread", [True, False], ids=["main-thread", "worker-thread"])
 def test_adversarial_answers_finish_fast(on_main_thread, short_timeout):
     # Each call may spend the timeout, and the next one may have to start a fresh worker after a kill.
-    bound = short_timeout + 3.0
+    bound = short_timeout + RESTART_S
 
     cases = [("42", text) for text in ADVERSARIAL] + ADVERSARIAL_PAIRS
     if not on_main_thread:
@@ -370,7 +377,7 @@ def test_uninterruptible_input_is_killed_within_timeout(monkeypatch):
     pid = _worker_pid()
     start = time.perf_counter()
     assert verify_answer("42", "1E999999999") is False
-    assert time.perf_counter() - start < 1.0 + 3.0
+    assert time.perf_counter() - start < 1.0 + RESTART_S
     assert not _is_alive(pid)
     assert verify_answer("1/2", "0.5") is True
     assert verify_module._worker.process.pid != pid
@@ -381,7 +388,7 @@ def test_hung_worker_is_killed_and_replaced(short_timeout):
     verify_module._worker.send({"sleep": 600})  # test hook: the worker hangs like a runaway computation
     start = time.perf_counter()
     assert verify_answer("1/2", "0.5") is False  # not verified in time; exact match fails too
-    assert time.perf_counter() - start < short_timeout + 3.0
+    assert time.perf_counter() - start < short_timeout + RESTART_S
     assert not _is_alive(pid)
     assert verify_answer("2", "2") is True  # exact match needs no worker
     assert verify_module._worker is None
@@ -470,21 +477,22 @@ def test_verify_answers_batch(monkeypatch):
 
 
 def test_hostile_answers_share_one_batch_deadline(monkeypatch):
-    # Each of these runs until its own per-pair budget (0.8 s here); eight in a row took 6.4 s before the batch had
-    # a deadline. Pairs reached after it keep their exact-match verdict and are counted.
+    # Each of these runs until its own per-pair budget (0.8 s here): 24 in a row would take 19 s; the batch stops at
+    # its 2 s deadline (the bound on the time is generous for a loaded machine). Pairs reached after it keep their
+    # exact-match verdict and are counted.
     monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
     monkeypatch.setattr(verify_module, "VERIFY_BATCH_TIMEOUT_S", 2.0)
     verify_answer("1/2", "0.5")  # a started worker
     pid = verify_module._worker.process.pid
     hostile = [("\\log(5+e)", "1000000"), ("10", "\\sin(128x)"), ("7", "\\sin(x+1)^{60}"), ("42", "(x+y+z+w)^{60}")]
-    pairs = [("1/2", "0.5"), *hostile * 2, ("3", "3"), ("1/4", "0.25")]
+    pairs = [("1/2", "0.5"), *hostile * 6, ("3", "3"), ("1/4", "0.25")]
     start = time.perf_counter()
     verdicts, unverified = verify_answers_counted(pairs)
     elapsed = time.perf_counter() - start
     assert verdicts[0] is True and verdicts[-2] is True  # math_verify in time; exact match needs none
-    assert verdicts[1:-2] == [False] * 8 and verdicts[-1] is False  # the last one had no time left
-    assert 6 <= unverified <= 7  # two or three hostile pairs fit in 2 s, the rest (and "1/4") do not
-    assert elapsed < 2.0 + 2.0
+    assert verdicts[1:-2] == [False] * 24 and verdicts[-1] is False  # the last one had no time left
+    assert 22 <= unverified <= 25  # at most three hostile pairs fit in 2 s, the rest (and "1/4") do not
+    assert elapsed < 2.0 + 6.0
     assert verify_module._worker.process.pid == pid  # skipping needs no kill
     assert verify_answer("1/4", "0.25") is True  # the next batch has its own deadline
 
@@ -571,7 +579,8 @@ def test_accuracy_func_that_raises_is_logged_once_and_counted(caplog):
                             log_metric=lambda name, value: logged.append((name, value)))
             assert rewards == [1.0, None, None, 0.0]  # raised: not judged, not wrong
     assert len(calls) == 6
-    errors = [r for r in caplog.records if "accuracy_func raised" in r.getMessage()]
+    errors = [r for r in caplog.records if r.getMessage().startswith(
+        f"accuracy_func ({broken.__module__}.{broken.__qualname__}) raised")]  # its role and its own name
     assert len(errors) == 1 and "RuntimeError: boom" in caplog.text  # the first traceback, once
     assert logged.count(("errors/accuracy_func_rate", 0.5)) == 2
 

@@ -1,6 +1,8 @@
 """Trainer state in checkpoints: the JSON + safetensors format, refusal of crafted and corrupt files, and crash
-consistency of the checkpoint writes (each write failed in turn, with ReplayGRPOTrainer)."""
+consistency of the checkpoint writes (each write failed in turn, with ReplayGRPOTrainer; RLCRMultiTurnTrainer, which
+has no state of its own, gets the same guarantees)."""
 
+import dataclasses
 import datetime
 import errno
 import hashlib
@@ -18,7 +20,13 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 from trl_ext.testing import cpu_test_args, tiny_causal_lm
-from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer, trainer_state
+from trl_ext.trainers import (
+    ReplayGRPOConfig,
+    ReplayGRPOTrainer,
+    RLCRMultiTurnConfig,
+    RLCRMultiTurnTrainer,
+    trainer_state,
+)
 from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
 
 
@@ -83,6 +91,20 @@ def test_legacy_file_of_plain_tensors_and_containers_loads(tmp_path):
     assert state["replay_active"] is True and state["experience"]["ids"].tolist() == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy-pickle"])
+@pytest.mark.parametrize("kept", [0.5, 10, -5], ids=["half", "first-bytes", "all-but-the-end"])
+def test_truncated_legacy_file_names_the_file(tmp_path, zip_format, kept):
+    """torch raises EOFError, RuntimeError, OSError or struct.error on a cut-off file, depending on where it ends."""
+    path = tmp_path / "replay_state.pt"
+    torch.save({"experience": {"ids": torch.ones(100)}, "replay_active": True}, path,
+               _use_new_zipfile_serialization=zip_format)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * kept) if isinstance(kept, float) else kept])
+    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt was refused: .* or is truncated") as info:
+        load_state(tmp_path, "replay_state", OWNER, legacy_file="replay_state.pt")
+    assert str(path) in str(info.value) and "resume_from_checkpoint" in str(info.value)
+
+
 def test_pickle_in_place_of_the_tensor_file_is_refused(tmp_path):
     marker = tmp_path / "ran"
     save_state(tmp_path, "s", {"x": torch.ones(1)})
@@ -141,6 +163,14 @@ def full_disk(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def truncated_trainer_state(state, json_path):
+    """`TrainerState.save_to_json` stopped by a full disk half-way through the file."""
+    text = json.dumps(dataclasses.asdict(state), indent=2)
+    with open(json_path, "w") as file:
+        file.write(text[: len(text) // 2])
+    full_disk()
+
+
 # Every write of a checkpoint: ours (tensors, then JSON) and transformers' (weights, tokenizer, optimizer and
 # scheduler, scaler, RNG, trainer_state.json).
 WRITES = {
@@ -165,13 +195,16 @@ def trained(tmp_path_factory):
     return trainer, out
 
 
-@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("write", [*WRITES, "trainer_state.json cut off"])
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(trained, monkeypatch, write):
     trainer, out = trained
     previous = out / "checkpoint-1"
     before = folder_digest(previous)
     monkeypatch.setattr(trainer.state, "global_step", 2)
-    monkeypatch.setattr(*WRITES[write](trainer), full_disk)
+    if write == "trainer_state.json cut off":
+        monkeypatch.setattr(type(trainer.state), "save_to_json", truncated_trainer_state)
+    else:
+        monkeypatch.setattr(*WRITES[write](trainer), full_disk)
     with pytest.raises(OSError, match="No space left"):
         trainer._save_checkpoint(trainer.model, trial=None)
     assert folder_digest(previous) == before
@@ -204,6 +237,9 @@ def test_resume_after_a_failed_save_restores_the_previous_buffer(trained, tmp_pa
     shutil.copytree(out, run)
     (run / "checkpoint-7").mkdir()  # a save killed mid-way (no exception to clean up after): not taken
     (run / "checkpoint-7" / "model.safetensors").write_bytes(b"partial")
+    shutil.copytree(run / "checkpoint-1", run / "checkpoint-8")  # killed while writing trainer_state.json: not taken
+    cut = (run / "checkpoint-8" / "trainer_state.json").read_bytes()
+    (run / "checkpoint-8" / "trainer_state.json").write_bytes(cut[: len(cut) // 2])
     resumed = replay_trainer(run, max_steps=2)
     restored = []
     load = resumed.load_checkpoint_state
@@ -222,3 +258,37 @@ def test_state_that_does_not_fit_the_trainer_is_a_clear_error(trained, tmp_path,
     with pytest.raises(CheckpointStateError, match=r"replay_state\.json does not hold the state ReplayGRPOTrainer "
                                                    r"expects \(KeyError\('difficulty2task'\)\)"):
         trainer._load_optimizer_and_scheduler(str(tmp_path))
+
+
+# -- RLCRMultiTurnTrainer: no state of its own, the same guarantees ---------------------------------------------------
+def rlcr_trainer(output_dir, **overrides):
+    model, tokenizer = tiny_causal_lm(seed=1)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}], "solution": str(i)}
+                                 for i in range(4)])
+    args = cpu_test_args(output_dir, RLCRMultiTurnConfig, **{
+        "max_steps": 1, "num_generations": 2, "num_generations_confidence": 2, "per_device_train_batch_size": 4,
+        "max_completion_length": 4, "max_confidence_length": 4, "save_strategy": "steps", "save_steps": 1,
+        "save_total_limit": 1, **overrides})
+    return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+
+def test_rlcr_failed_save_keeps_the_previous_checkpoint_and_resume_skips_incomplete_ones(tmp_path, monkeypatch):
+    trainer = rlcr_trainer(tmp_path)
+    trainer.train()
+    previous = tmp_path / "checkpoint-1"
+    before = folder_digest(previous)
+    monkeypatch.setattr(trainer.state, "global_step", 2)
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "_save_optimizer_and_scheduler", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            trainer._save_checkpoint(trainer.model, trial=None)
+    assert checkpoints(tmp_path) == ["checkpoint-1"] and folder_digest(previous) == before
+
+    (tmp_path / "checkpoint-7").mkdir()  # a save killed mid-way: not taken
+    (tmp_path / "checkpoint-7" / "model.safetensors").write_bytes(b"partial")
+    resumed = rlcr_trainer(tmp_path, max_steps=2)
+    loaded = []
+    load = resumed._load_from_checkpoint
+    monkeypatch.setattr(resumed, "_load_from_checkpoint", lambda folder, *a: loaded.append(folder) or load(folder, *a))
+    resumed.train(resume_from_checkpoint=True)
+    assert loaded == [str(previous)] and resumed.state.global_step == 2

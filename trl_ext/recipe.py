@@ -187,7 +187,7 @@ def load_recipe_dataset(
     are held out. Returns `(None, None)` if neither source is given (the recipe then uses its built-in data).
 
     Rows without a question are left out (and counted in a warning); rows without a gold answer keep `solution=None`
-    (counted in a warning). An empty training set, a malformed data file (named with its line) and
+    (counted in a warning). An empty training set, a malformed data file (named, with its line where known) and
     `--num_train_samples` below 1 raise `ValueError`.
     """
     if script_args.dataset_name and script_args.dataset_path:
@@ -236,16 +236,25 @@ def load_recipe_dataset(
 
 
 def _load_local(path: str, suffix: str) -> Dataset:
-    """`load_dataset` on a local file; a malformed JSON file fails naming the file and the line."""
+    """`load_dataset` on a local file; a file it cannot read fails with a `ValueError` naming the file and the line
+    where the parser knows it (a malformed JSON line is located here, as pyarrow counts rows within a block)."""
+    from datasets.exceptions import DatasetGenerationError
+
+    kind = LOCAL_FORMATS[suffix]
     try:
-        return load_dataset(LOCAL_FORMATS[suffix], data_files=path, split="train")
+        return load_dataset(kind, data_files=path, split="train")
     except Exception as error:
+        if not Path(path).is_file():
+            raise  # datasets' FileNotFoundError names the path
         if not Path(path).read_bytes().strip():
             located = "the file is empty"
         else:
-            located = _json_error(path) if LOCAL_FORMATS[suffix] == "json" else None
+            located = _json_error(path) if kind == "json" else None
         if located is None:
-            raise
+            # The parser's own error, which datasets wraps: pandas names the CSV line, pyarrow the JSON column whose
+            # type changes from one line to another (datasets without the `Json` feature refuse mixed types).
+            cause = error.__cause__ if isinstance(error, DatasetGenerationError) and error.__cause__ else error
+            located = f"cannot be read as {kind.upper()} ({type(cause).__name__}: {str(cause).strip()})"
         raise ValueError(f"--dataset_path {path}: {located}") from error
 
 
@@ -342,9 +351,10 @@ def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
     DeepSpeed and FSDP).
 
     If the save fails (a full disk, say), nothing in `output_dir` is replaced, the staging folder is removed and the
-    error names the last checkpoint, which still holds the trained weights (checkpoints are never deleted here).
+    error names the last complete checkpoint, which still holds the trained weights (checkpoints are never deleted
+    here).
     """
-    from transformers.trainer_utils import get_last_checkpoint
+    from .trainers.trainer_state import last_complete_checkpoint
 
     output_dir = Path(output_dir)
     staging = output_dir / FINAL_STAGING
@@ -362,7 +372,7 @@ def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
     except Exception as error:
         if main_process:
             shutil.rmtree(staging, ignore_errors=True)
-        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        last = last_complete_checkpoint(output_dir)  # a folder whose save was cut off holds no usable weights
         keep = (f"the trained weights are in the last checkpoint, {last} (load it as a model, or resume from it)"
                 if last else "no checkpoint was saved (set save_strategy and save_steps to keep one)")
         raise RuntimeError(

@@ -53,8 +53,8 @@ def follow_up_turn(
     """Derive the follow-up-turn tokens from the chat template by diffing a dummy conversation.
 
     The conversation `[user, assistant]` is rendered without, then with, the extra user message and a generation
-    prompt. The assistant turn ends at the last end-of-sequence token of the first rendering; what the second
-    rendering adds after that token is `suffix_ids`.
+    prompt. The assistant turn ends at the last end-of-sequence token of the first rendering, which must come after
+    the first turn's generation prompt; what the second rendering adds after that token is `suffix_ids`.
 
     When the tokenizer's own template (`chat_template=None`) renders the first turns differently once a user message
     follows, TRL's prefix-preserving training version of it is used instead and returned as
@@ -102,15 +102,21 @@ def _diff_turns(tokenizer, user_message, eos_token_ids, chat_template, chat_temp
         return [int(t) for t in ids]
 
     dummy = [{"role": "user", "content": "Question?"}, {"role": "assistant", "content": "Answer."}]
+    opened = render(dummy[:1], add_generation_prompt=True)
     closed = render(dummy, add_generation_prompt=False)
     full = render(dummy + [{"role": "user", "content": user_message}], add_generation_prompt=True)
     eos = set(eos_token_ids)
-    eos_positions = [i for i, t in enumerate(closed) if t in eos]
+    # Only an EOS after the generation prompt closes the assistant turn: where the next role tag is an EOS (GLM-4.5's
+    # `<|user|>`), the one before the question would make a suffix that repeats the whole first turn.
+    answer_start = next((i for i, (x, y) in enumerate(zip(opened, closed)) if x != y), min(len(opened), len(closed)))
+    eos_positions = [i for i, t in enumerate(closed) if t in eos and i >= answer_start]
     if not eos_positions:
         raise ValueError(
             "The chat template closes an assistant turn without an end-of-sequence token "
             f"(eos ids {sorted(eos)}), so a follow-up turn cannot be built on token ids. Set the tokenizer's "
-            "eos_token (or GRPOConfig.generation_kwargs['eos_token_id']) to the template's end-of-turn token."
+            "eos_token (or GRPOConfig.generation_kwargs['eos_token_id']) to the template's end-of-turn token; if it "
+            "writes none after an assistant message (GLM-4.5: the next role tag ends the turn), set "
+            "`tokenizer.chat_template` to a version that does."
         )
     cut = eos_positions[-1] + 1
     if full[:cut] != closed[:cut]:

@@ -8,6 +8,7 @@ applicable"); nothing about the model's output can make them raise.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import re
@@ -109,6 +110,7 @@ def make_accuracy_reward(
     _tag_names_ok(answer_tag)
     call_user = UserCallGuard("accuracy_func", "the row is scored None (not applicable)", "errors/accuracy_func_rate")
 
+    @functools.wraps(accuracy_func)  # the guard logs the user's function by name
     def compare(gold: Any, answer: str) -> bool:
         return bool(accuracy_func(_gold_text(gold), answer))
 

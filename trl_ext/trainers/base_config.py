@@ -20,7 +20,8 @@ class TrlExtGRPOConfig(GRPOConfig):
 
     Parameters:
         activation_checkpointing (`bool`, *optional*, defaults to `True`):
-            Recompute activations in the backward pass to save memory (about 20% slower). TRL's default for GRPO.
+            Recompute activations in the backward pass to save memory, at the cost of extra forward compute in each
+            backward pass. TRL's default for GRPO.
         gradient_checkpointing (`bool`, *optional*):
             Deprecated alias of `activation_checkpointing` (transformers 5); used only when that is unset.
     """

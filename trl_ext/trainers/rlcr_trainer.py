@@ -39,6 +39,7 @@ from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .scoping import scoped_call
+from .trainer_state import CheckpointStateMixin
 
 
 ANSWER, CONFIDENCE = 0, 1
@@ -48,7 +49,7 @@ FAMILY_KEY = "answer_index"  # batch key: the process-local index of a row's ans
 logger = logging.getLogger(__name__)
 
 
-class RLCRMultiTurnTrainer(ModelCardMixin, GRPOTrainer):
+class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
     Args:

@@ -8,7 +8,8 @@ parses JSON and safetensors only, so a crafted file can at worst be refused.
 
 [`CheckpointStateMixin`] puts the files into `checkpoint-N/` before transformers writes anything there, so they are in
 every checkpoint that transformers completes (its `trainer_state.json`, written last) and before older checkpoints are
-rotated away; a save that fails removes the checkpoint folder it started, leaving the previous one the latest.
+rotated away; a save that fails removes the checkpoint folder it started, leaving the previous one the latest, and
+`resume_from_checkpoint=True` skips incomplete folders. Every trainer mixes it in, with or without state of its own.
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def load_state(folder: str | os.PathLike, name: str, owner: str, legacy_file: st
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The highest `checkpoint-N` in `output_dir` that transformers completed (it holds `trainer_state.json`, written
-    last); incomplete ones above it are skipped with a warning."""
+    """The highest `checkpoint-N` in `output_dir` that transformers completed (it holds a `trainer_state.json` that
+    parses, written last); incomplete ones above it are skipped with a warning."""
     if not os.path.isdir(output_dir):
         return None
     prefix = f"{PREFIX_CHECKPOINT_DIR}-"
@@ -181,9 +182,23 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     )
     for _, name in reversed(steps):
         folder = os.path.join(output_dir, name)
-        if os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
+        problem = _trainer_state_problem(os.path.join(folder, TRAINER_STATE_NAME))
+        if problem is None:
             return folder
-        logger.warning(f"{folder} is incomplete (no {TRAINER_STATE_NAME}: its save was interrupted); skipped.")
+        logger.warning(f"{folder} is incomplete ({problem}: its save was interrupted); skipped.")
+    return None
+
+
+def _trainer_state_problem(path: str) -> str | None:
+    """Why `path` is not a complete `trainer_state.json`, or `None`. transformers writes it in place (not atomically),
+    so a save killed while writing it leaves a truncated file."""
+    try:
+        with open(path) as file:
+            json.load(file)
+    except FileNotFoundError:
+        return f"no {TRAINER_STATE_NAME}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{TRAINER_STATE_NAME} does not parse: {error}"
     return None
 
 
@@ -205,18 +220,21 @@ def _load_legacy(path: str, restart: str) -> Any:
 
 
 class CheckpointStateMixin:
-    """For `Trainer` subclasses with state across steps: saved in each checkpoint, restored on resume.
+    """For `Trainer` subclasses: crash-consistent checkpoints (a failed save removes the folder it started,
+    `resume_from_checkpoint=True` takes the latest complete one) and the trainer's state across steps, saved in each
+    checkpoint and restored on resume.
 
-    Set `checkpoint_state_name` (the file stem) and implement `checkpoint_state()` (the state, identical on every
-    process, or `None` for nothing to save) and `load_checkpoint_state(state)`. `checkpoint_state_legacy_file` names
-    a torch file an earlier version wrote instead (read with `weights_only=True`).
+    A trainer with state sets `checkpoint_state_name` (the file stem) and implements `checkpoint_state()` (the state,
+    identical on every process, or `None` for nothing to save) and `load_checkpoint_state(state)`; one without leaves
+    the name `None`. `checkpoint_state_legacy_file` names a torch file an earlier version wrote instead (read with
+    `weights_only=True`).
     """
 
-    checkpoint_state_name: str
+    checkpoint_state_name: str | None = None
     checkpoint_state_legacy_file: str | None = None
 
     def checkpoint_state(self) -> Any:
-        raise NotImplementedError
+        return None
 
     def load_checkpoint_state(self, state: Any) -> None:
         raise NotImplementedError
@@ -231,9 +249,9 @@ class CheckpointStateMixin:
                 save_state(folder, self.checkpoint_state_name, state)
             super()._save_checkpoint(model, trial)
         except BaseException:
-            # transformers' resume_from_checkpoint=True takes the highest checkpoint-N: drop an incomplete one (no
-            # trainer_state.json, which transformers writes last, before rotating) so that the previous is taken.
-            if started and self.args.should_save and not os.path.exists(os.path.join(folder, TRAINER_STATE_NAME)):
+            # transformers' resume_from_checkpoint=True takes the highest checkpoint-N: drop an incomplete one (its
+            # trainer_state.json, written last and not atomically, is absent or cut off) so the previous is taken.
+            if started and self.args.should_save and _trainer_state_problem(os.path.join(folder, TRAINER_STATE_NAME)):
                 shutil.rmtree(folder, ignore_errors=True)
             raise
 
@@ -246,7 +264,7 @@ class CheckpointStateMixin:
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Called with the resolved checkpoint folder on resume, for every backend (DeepSpeed and FSDP included).
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None:
+        if checkpoint is not None and self.checkpoint_state_name is not None:
             owner = type(self).__name__
             state = load_state(checkpoint, self.checkpoint_state_name, owner, self.checkpoint_state_legacy_file)
             try:
