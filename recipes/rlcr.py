@@ -11,6 +11,7 @@ Writes to `output_dir`: `metrics.json` (calibration before/after and the trainin
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,10 @@ from trl_ext.recipe import (
     write_json,
     write_model_card,
 )
+from trl_ext.rewards.functions import is_missing
 from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.warmup import format_warmup, rlcr_format_examples
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
@@ -48,6 +51,17 @@ class RLCRScriptArguments(RecipeScriptArguments):
         rlcr_paper_metrics (`bool`, *optional*, defaults to `False`):
             Also report ECE, Brier and AUROC in the RLCR paper's convention (a confidence on a bin edge in the upper
             bin, unparsable confidences scored as 0), to compare with its numbers; ours are always reported.
+        warmup_samples (`int`, *optional*, defaults to `0`):
+            Rows taken off the start of the training set (never trained on by RL) for a short supervised format
+            warm-up before RL: TRL's `SFTTrainer` on the answer turn (`<answer>gold</answer>`) and the confidence turn
+            after it, with stated confidences drawn at random, independently of the question (see
+            [`~trl_ext.warmup`]). Built once per distinct inputs and cached like the embedded default. 0 skips it.
+        warmup_learning_rate (`float`, *optional*, defaults to `1e-4`):
+            Learning rate of the format warm-up (constant; bf16 autocast when the RL run uses bf16).
+        warmup_epochs (`float`, *optional*, defaults to `1.0`):
+            Epochs of the format warm-up over its rows (two examples per row: the answer and the confidence turn).
+        warmup_batch_size (`int`, *optional*, defaults to `8`):
+            Examples per step of the format warm-up.
     """
 
     eval_only: bool = field(default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."})
@@ -56,6 +70,24 @@ class RLCRScriptArguments(RecipeScriptArguments):
         metadata={"help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
                           "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."},
     )
+    warmup_samples: int = field(
+        default=0,
+        metadata={"help": "Training rows taken off the start of the training set for a supervised format warm-up "
+                          "(TRL's SFTTrainer, built once and cached) before RL; 0 skips it."},
+    )
+    warmup_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the format warm-up."})
+    warmup_epochs: float = field(default=1.0, metadata={"help": "Epochs of the format warm-up."})
+    warmup_batch_size: int = field(default=8, metadata={"help": "Batch size of the format warm-up."})
+
+    def __post_init__(self):
+        if self.warmup_samples < 0:
+            raise ValueError(f"--warmup_samples must be 0 (no warm-up) or more (got {self.warmup_samples}).")
+        if not self.warmup_learning_rate > 0:
+            raise ValueError(f"--warmup_learning_rate must be positive (got {self.warmup_learning_rate}).")
+        if not self.warmup_epochs > 0:
+            raise ValueError(f"--warmup_epochs must be positive (got {self.warmup_epochs}).")
+        if self.warmup_batch_size < 1:
+            raise ValueError(f"--warmup_batch_size must be at least 1 (got {self.warmup_batch_size}).")
 
 
 def datasets_for(script_args, training_args):
@@ -91,18 +123,69 @@ def card_results(report):
     return results
 
 
-def _auroc(value):
-    return "n/a" if value is None else f"{value:.3f}"  # undefined without both classes
+def _num(value):
+    """3 decimals; n/a when undefined (AUROC without both classes, any metric without a parsed confidence)."""
+    return "n/a" if value is None or value != value else f"{value:.3f}"
 
 
 def _paper_line(result):
     r = result.paper_report
     if r is None:
         return ""
-    return f"\n        RLCR paper's convention: ECE {r.ece:.3f}  Brier {r.brier:.3f}  AUROC {_auroc(r.auroc)}"
+    return f"\n        RLCR paper's convention: ECE {r.ece:.3f}  Brier {r.brier:.3f}  AUROC {_num(r.auroc)}"
+
+
+def warm_up(model_path, train, script_args, training_args):
+    """Take `warmup_samples` rows off `train` and return `(warmed-up checkpoint, the rest of train, its report)`."""
+    n = script_args.warmup_samples
+    rows = [row for row in train.select(range(min(n, len(train)))) if not is_missing(row["solution"])]
+    if len(train) <= n or not rows:
+        raise ValueError(
+            f"--warmup_samples {n} leaves no rows: the training set has {len(train)} rows ({len(rows)} of the first "
+            f"{n} with a gold answer). Lower --warmup_samples or give more data (--num_train_samples)."
+        )
+    examples = rlcr_format_examples(rows, training_args.confidence_prompt, seed=training_args.seed,
+                                    answer_tag=training_args.answer_tag, confidence_tag=training_args.confidence_tag)
+    started = time.monotonic()
+    path = format_warmup(model_path, examples, learning_rate=script_args.warmup_learning_rate,
+                         num_train_epochs=script_args.warmup_epochs,
+                         per_device_train_batch_size=script_args.warmup_batch_size, bf16=training_args.bf16,
+                         seed=training_args.seed)
+    return path, train.select(range(n, len(train))), {
+        "model": path, "rows": len(rows), "examples": len(examples), "seconds": time.monotonic() - started}
+
+
+PLOTS = {
+    "reliability_before_after.png": "reliability diagrams before and after RL (bars: accuracy of the answers in each "
+                                    "confidence bin; on the dashed diagonal, confidence = accuracy; lower panels: "
+                                    "how many answers stated each confidence)",
+    "learning_curves.png": "answer accuracy, Brier score, ECE and confidence parse failures of the sampled "
+                           "training batches, per step",
+}
+
+
+def summary(report, output_dir, seconds):
+    """What the run printed last: the evaluations side by side, the time, and where the plots are."""
+    names = {"base": "base model", "before": "before RL", "after": "after RL"}
+    if "warmup" in report:
+        names["before"] = "before RL (after the format warm-up)"
+    lines = []
+    for key, label in names.items():
+        if key in report:
+            r = report[key]
+            lines.append(f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
+                         f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
+                         f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}")
+    lines.append(f"time: {seconds['total'] / 60:.1f} min ("
+                 + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total") + ")")
+    lines.append(f"report and plots in {output_dir}:")
+    lines += [f"  {name}: {what}" for name, what in PLOTS.items() if (Path(output_dir) / name).is_file()]
+    return "\n".join(lines)
 
 
 def main(script_args, training_args, model_args):
+    started = time.monotonic()
+    seconds = {}
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model(model_args.model_name_or_path)
@@ -114,9 +197,15 @@ def main(script_args, training_args, model_args):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
         result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval", script_args.rlcr_paper_metrics)
         write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
-        print(f"accuracy {result.accuracy:.3f}  ECE {result.report.ece:.3f}  Brier {result.report.brier:.3f}  "
-              f"AUROC {_auroc(result.report.auroc)}{_paper_line(result)}  -> {output_dir}")
+        print(f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
+              f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}")
         return
+
+    report = {"model": model_path}
+    if script_args.warmup_samples:
+        base_path = model_path
+        model_path, train, report["warmup"] = warm_up(model_path, train, script_args, training_args)
+        seconds["format warm-up"] = report["warmup"]["seconds"]
 
     training_args.model_init_kwargs = {
         **(training_args.model_init_kwargs or {}),
@@ -134,34 +223,40 @@ def main(script_args, training_args, model_args):
     # Greedy evaluation runs on the main process; under ZeRO-3 the other ranks hold shards it would need.
     zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
     can_evaluate = evaluation is not None and not zero3
-    report = {"model": model_path}
     if can_evaluate and trainer.accelerator.is_main_process:
+        clock = time.monotonic()
+        if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence
+            base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
+            report["base"] = evaluate_and_plot(base, tokenizer, evaluation, training_args, "base",
+                                               script_args.rlcr_paper_metrics)
+            del base
         report["before"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "before",
                                              script_args.rlcr_paper_metrics)
+        seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
 
+    clock = time.monotonic()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    seconds["RL training"] = time.monotonic() - clock
     save_final_model(trainer, training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
         if can_evaluate:
+            clock = time.monotonic()
             report["after"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "after",
                                                 script_args.rlcr_paper_metrics)
+            seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
             plot_reliability_diagrams({k: report[k].report for k in ("before", "after")},
-                                      output_dir / "reliability_before_after.png", title="RLCR: before vs after")
+                                      output_dir / "reliability_before_after.png", title="RLCR: before vs after RL")
         plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
                              title="RLCR training (per logging step)")
+        seconds["total"] = time.monotonic() - started
         write_json(output_dir / "metrics.json", {
             **{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in report.items()},
+            "seconds": seconds,
             "train_log": trainer.state.log_history,
         })
-        for name in ("before", "after"):
-            if name in report:
-                r = report[name]
-                print(f"{name:>6}: accuracy {r.accuracy:.3f}  ECE {r.report.ece:.3f}  Brier {r.report.brier:.3f}  "
-                      f"AUROC {_auroc(r.report.auroc)}  confidence parse failures {r.confidence_parse_fail_rate:.0%}"
-                      f"{_paper_line(r)}")
-        print(f"report and plots in {output_dir}")
+        print(summary(report, output_dir, seconds))
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)

@@ -1,6 +1,7 @@
 """Recipe plumbing: local datasets in every format, column mapping, the default config, and recipes/rlcr.py end to end."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,59 @@ def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
     assert "library_name: peft" in card and "- exgrpo" in card and "@article{zhan2025exgrpo" in card
     assert f"fine-tuned version of the local checkpoint `{model}`" in card
     assert "Training data: the local file `data.csv`." in card and "| replay buffer trajectories |" in card
+
+
+def _rlcr_recipe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlcr_recipe", ROOT / "recipes" / "rlcr.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag, value", [("warmup_samples", -1), ("warmup_learning_rate", 0.0),
+                                         ("warmup_epochs", 0.0), ("warmup_batch_size", 0)])
+def test_warmup_flags_are_validated(flag, value):
+    with pytest.raises(ValueError, match=f"--{flag} must"):
+        _rlcr_recipe().RLCRScriptArguments(**{flag: value})
+
+
+def test_warmup_needs_rows_left_for_rl():
+    recipe = _rlcr_recipe()
+    train = graded_arithmetic(5, seed=0)
+    args = recipe.RLCRScriptArguments(warmup_samples=5)
+    with pytest.raises(ValueError, match="--warmup_samples 5 leaves no rows"):
+        recipe.warm_up("unused", train, args, None)
+
+
+@pytest.mark.slow
+def test_rlcr_recipe_with_a_format_warmup(tmp_path):
+    """The warm-up is built from the first training rows, RL starts from it, and the report shows the base model,
+    the warmed-up model (before RL) and the trained one."""
+    model = tiny_checkpoint(tmp_path / "tiny")
+    data = tmp_path / "data.jsonl"
+    Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(16)]).to_json(data)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--model_name_or_path", model, "--dataset_path", str(data),
+           "--num_eval_samples", "4", "--output_dir", str(out), "--use_cpu", "--bf16", "false", "--report_to", "none",
+           "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
+           "--num_generations_confidence", "2", "--max_completion_length", "8", "--max_confidence_length", "6",
+           "--warmup_samples", "6", "--warmup_batch_size", "4", "--save_strategy", "no"]
+    env = {**os.environ, "TRL_EXT_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"warmup", "base", "before", "after", "seconds"} <= set(metrics)
+    warmup = metrics["warmup"]
+    assert warmup["rows"] == 6 and warmup["examples"] == 12
+    assert Path(warmup["model"]).parent == tmp_path / "cache" / "warmup"
+    assert (Path(warmup["model"]) / "model.safetensors").is_file()
+    assert (out / "eval_base.json").is_file() and (out / "reliability_base.png").is_file()
+    # RL trains on the rows after the warm-up's: 16 rows - 4 held out - 6 warm-up = 6 prompts, 1 step of 2 prompts
+    assert sum("answer/accuracy" in log for log in metrics["train_log"]) == 1
+    assert "before RL (after the format warm-up)" in proc.stdout and "report and plots in" in proc.stdout
+    assert "reliability_before_after.png: reliability diagrams before and after RL" in proc.stdout
+    card = (out / "README.md").read_text()
+    assert f"the local checkpoint `{warmup['model']}`" in card  # the tiny base has no Hub name
