@@ -131,6 +131,7 @@ def plot_heldout_accuracy(evaluations: dict[str, SolverEvaluation], log_history:
     Right: `curve` per logged step (the learnable ratio of self-play)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
@@ -159,6 +160,7 @@ def plot_heldout_accuracy(evaluations: dict[str, SolverEvaluation], log_history:
     line.set_ylim(-0.05, 1.05)
     line.set_title(curve, fontsize=9)
     line.set_xlabel("step")
+    line.xaxis.set_major_locator(MaxNLocator(integer=True))
     line.grid(alpha=0.3)
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
