@@ -43,7 +43,7 @@ def test_seed_prompts_need_no_answer_column(tmp_path):
 def test_default_config_is_a_bounded_cpu_run():
     config = yaml.safe_load((ROOT / "recipes/configs/absolute_zero_smollm2_cpu.yaml").read_text())
     assert config["use_cpu"] and config["max_steps"] <= 10 and "model_name_or_path" not in config
-    assert config["task"] == "arithmetic" and config["lenient_parsing"]
+    assert config["task"] == "arithmetic" and config["lenient_parsing"] and config["heldout_size"] == 50
 
 
 @pytest.mark.slow

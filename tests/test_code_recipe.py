@@ -107,6 +107,7 @@ def test_code_self_play_end_to_end(recipe, tmp_path, monkeypatch, capsys):
 def test_code_configs():
     cpu = yaml.safe_load(CPU_CONFIG.read_text())
     assert cpu["use_cpu"] and cpu["max_steps"] <= 10 and "model_name_or_path" not in cpu and cpu["task"] == "code"
+    assert cpu["heldout_size"] == 24  # the whole built-in set
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
     assert gpu["model_name_or_path"].startswith("Qwen/Qwen2.5-Coder") and gpu["task"] == "code"
     assert gpu["use_vllm"] and gpu["vllm_mode"] == "server"
