@@ -307,13 +307,12 @@ def main(script_args, training_args, model_args):
             print(f"{key:>34}: " + " ".join("-" if v is None else f"{v:.2f}" for v in values))
         if task.state is not None:
             write_json(output_dir / "task_state.json", task.state.state_dict())
-        if heldout:
-            print("\n".join(heldout_lines(heldout)))
-        elif questions is not None:
-            print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
         plots = ["learning_curves.png (self-play metrics per step)"]
         if heldout:
+            print("\n".join(heldout_lines(heldout)))
             plots.append("heldout_accuracy.png (held-out accuracy before/after, learnable ratio per step)")
+        elif questions is not None:
+            print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
                      card_results(trainer.state.log_history, task.name, heldout))
