@@ -22,7 +22,7 @@ ROOT = Path(__file__).parent.parent
 
 @pytest.fixture(scope="module")
 def recipe():
-    spec = importlib.util.spec_from_file_location("absolute_zero_recipe_heldout", ROOT / "recipes" / "absolute_zero.py")
+    spec = importlib.util.spec_from_file_location("absolute_zero_recipe_az", ROOT / "recipes" / "absolute_zero.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)

@@ -64,7 +64,8 @@ def test_code_self_play_end_to_end(recipe, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     # 48 solver tokens hold every held-out answer (the scripted self-play completions do not depend on it).
     argv = ["--config", str(CPU_CONFIG), "--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"),
-            "--output_dir", str(out), "--max_steps", "2", "--max_question_length", "8", "--max_completion_length", "48"]
+            "--output_dir", str(out), "--max_steps", "2", "--max_question_length", "8",
+            "--max_completion_length", "48"]
     parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True

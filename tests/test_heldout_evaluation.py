@@ -94,7 +94,7 @@ def code_task():
 
 def test_code_heldout_gold_outputs_come_from_the_sandbox(code_task):
     questions = code_task.heldout_questions(None, 0)
-    assert len(questions) == 24 and sorted(q["task_type"] for q in questions) == ["abduction"] * 12 + ["deduction"] * 12
+    assert sorted(q["task_type"] for q in questions) == ["abduction"] * 12 + ["deduction"] * 12
     assert {q["input"]: q["output"] for q in questions} == GOLD
     assert {q["program"] for q in questions} == {p for p, _ in HELDOUT_PROGRAMS}
     assert all(set(q) == {"task_type", "program", "input", "output"} for q in questions)  # a validated proposal's

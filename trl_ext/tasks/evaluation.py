@@ -40,7 +40,8 @@ class SolverEvaluation:
                 "breakdown": self.breakdown, "by_group": self.by_group, "counts": self.counts}
 
 
-def accuracy_breakdown(scores: Sequence[float], groups: Sequence[Any]) -> tuple[float, dict[str, float], dict[str, int]]:
+def accuracy_breakdown(scores: Sequence[float],
+                       groups: Sequence[Any]) -> tuple[float, dict[str, float], dict[str, int]]:
     """Mean score overall and per group (keys as text, in sorted group order), and each group's size. No scores: NaN
     overall (an accuracy of nothing is undefined, not 0)."""
     if len(scores) != len(groups):

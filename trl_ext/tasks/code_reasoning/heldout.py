@@ -14,8 +14,8 @@ from typing import Any
 
 
 HELDOUT_PROGRAMS = [
-    ("def f(numbers):\n    total = 0\n    for i, n in enumerate(numbers):\n        total += n * (i + 1)\n    return total",
-     "[3, 1, 4, 1, 5]"),
+    ("def f(numbers):\n    total = 0\n    for i, n in enumerate(numbers):\n        total += n * (i + 1)\n"
+     "    return total", "[3, 1, 4, 1, 5]"),
     ("def f(s):\n    return ''.join(c.upper() if i % 2 == 0 else c for i, c in enumerate(s))", "'python'"),
     ("def f(text):\n    counts = {}\n    for ch in text:\n        counts[ch] = counts.get(ch, 0) + 1\n"
      "    return max(sorted(counts), key=counts.get)", "'mississippi'"),
