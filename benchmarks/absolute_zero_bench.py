@@ -1,9 +1,12 @@
 """AbsoluteZero benchmarks on the embedded default (SmolLM2-135M-Instruct), CPU.
 
     python benchmarks/absolute_zero_bench.py overhead   # step time vs plain GRPOTrainer on the same generated tokens
-    python benchmarks/absolute_zero_bench.py curves     # generation calls/tokens and learnable ratio per step
+    python benchmarks/absolute_zero_bench.py curves     # generation calls/tokens and learnable ratio per step,
+                                                        # held-out solver accuracy before and after
+    python benchmarks/absolute_zero_bench.py curves --task code   # the same for code reasoning self-play
 
-Results: benchmarks/results/absolute_zero_<part>.json and .png.
+Results: benchmarks/results/absolute_zero_<part>.json and .png (code: absolute_zero_code_<part>), and for curves the
+recipe's held-out plot as absolute_zero[_code]_heldout.png.
 
 overhead: both trainers get scripted completions of one fixed length, so generation cost is identical by
 construction and excluded; the ratio measures what self-play adds per step around generation (scoring every
@@ -11,14 +14,17 @@ question's responses, the learnability filter, two TRL batch builds) at equal ge
 built once and run one step each in turn (A B A B ...), so load on a shared machine lands on both alike; min, median
 and spread of `step_time` after one warm-up step, and the ratios of the medians and of the mins.
 
-curves: the recipe's CPU default (real generation, lenient parsing) for a few steps; per step the number of
-generation calls, the generated tokens per role, the learnable ratio and the repropose attempts.
+curves: the recipe's CPU config of the family (real generation, lenient parsing), for its own number of steps unless
+--steps is given; per step the number of generation calls, the generated tokens per role, the learnable ratio and the
+repropose attempts; and the solver's greedy accuracy on the family's held-out questions before and after training.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,9 +37,9 @@ from common import (
     plot_step_times,
     summarize,
 )
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
-from trl_ext.recipe import plot_learning_curves, with_default_config, write_json
+from trl_ext.recipe import plot_learning_curves, write_json
 from trl_ext.tasks import arithmetic_task
 from trl_ext.tasks.arithmetic import seed_prompts
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
@@ -102,40 +108,55 @@ def overhead(steps: int) -> dict:
     }
 
 
-def curves(steps: int) -> dict:
+CPU_CONFIGS = {"arithmetic": "absolute_zero_smollm2_cpu.yaml", "code": "absolute_zero_code_smollm2_cpu.yaml"}
+SOLVER_ACCURACY = {"arithmetic": "solver/numeric_match_mean", "code": "solver/code_correct_mean"}
+
+
+def results_name(task: str, part: str) -> str:
+    return f"absolute_zero_{part}" if task == "arithmetic" else f"absolute_zero_{task}_{part}"
+
+
+def curves(steps: int | None, task: str) -> dict:
     spec = importlib.util.spec_from_file_location("absolute_zero_recipe", ROOT / "recipes" / "absolute_zero.py")
     recipe = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = recipe  # its dataclasses look their module up
     spec.loader.exec_module(recipe)
-    output_dir = tempfile.mkdtemp()
-    argv = with_default_config(["--output_dir", output_dir, "--max_steps", str(steps)], recipe.DEFAULT_CONFIG)
-    script_args, training_args, model_args = recipe.make_parser().parse_args_and_config(args=argv)
+    output_dir = Path(tempfile.mkdtemp())
+    argv = ["--config", str(ROOT / "recipes" / "configs" / CPU_CONFIGS[task]), "--output_dir", str(output_dir)]
+    argv += ["--max_steps", str(steps)] if steps is not None else []
+    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
     log = recipe.main(script_args, training_args, model_args)
     keys = ["generation/calls", "generation/proposer_tokens", "generation/solver_tokens",
             "unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/invalid_rate",
-            "solver/numeric_match_mean", "step_time"]
+            SOLVER_ACCURACY[task], "step_time"]
     per_step = [{"step": entry["step"], **{key: entry.get(key) for key in keys}} for entry in log
                 if "unified_filter/learnable_ratio" in entry]
-    plot_learning_curves(per_step, keys[:5], RESULTS / "absolute_zero_curves.png",
-                         "Absolute Zero on the CPU default (per step)")
-    return {"model": "SmolLM2-135M-Instruct (embedded default), CPU default recipe config", "steps": per_step}
+    plot_learning_curves(per_step, keys[:5], RESULTS / f"{results_name(task, 'curves')}.png",
+                         f"Absolute Zero ({task}) on the CPU default (per step)")
+    # The recipe's held-out solver accuracy before and after, with its plot (the learnable ratio beside it).
+    shutil.copyfile(output_dir / "heldout_accuracy.png", RESULTS / f"{results_name(task, 'heldout')}.png")
+    heldout = json.loads((output_dir / "metrics.json").read_text())["heldout"]
+    return {"model": f"SmolLM2-135M-Instruct (embedded default), {CPU_CONFIGS[task]}", "steps": per_step,
+            "heldout": heldout}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("part", choices=["overhead", "curves"])
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=None, help="overhead: 4 by default; curves: the config's")
+    parser.add_argument("--task", choices=list(CPU_CONFIGS), default="arithmetic", help="curves: the task family")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
-        result = overhead(args.steps)
+        result, name = overhead(args.steps or 4), "absolute_zero_overhead"
         panel = f"equal generated tokens ({result['generated_tokens_per_step']} per step)"
-        plot_step_times({panel: result["step_times"]}, "grpo", RESULTS / "absolute_zero_overhead.png",
+        plot_step_times({panel: result["step_times"]}, "grpo", RESULTS / f"{name}.png",
                         "Absolute Zero vs GRPOTrainer, interleaved steps")
     else:
-        result = curves(args.steps)
-    write_json(RESULTS / f"absolute_zero_{args.part}.json", result)
+        result, name = curves(args.steps, args.task), results_name(args.task, "curves")
+    write_json(RESULTS / f"{name}.json", result)
     print({k: v for k, v in result.items() if not isinstance(v, list)})
 
 

@@ -14,10 +14,13 @@ solver prompt, solver rewards, default reward weights and learnability criteria,
 environment (`WorkspaceEnvironment`: the solver acts through tools, in TRL's tool loop), and, for `code`, the triplet
 buffer the proposer is conditioned on (trainer state, checked by execution in `trl_ext.sandbox`). Writes to
 `output_dir`:
-`metrics.json` (summary and training log), `learning_curves.png` (arithmetic: learnable ratio, repropose attempts,
-proposer reward, solver accuracy; workspace: learnable ratio, safety and completion means, tool calls per episode;
-code: invalid proposals, learnable ratio, solver accuracy, buffer size; per step), for `code` the final buffer
-(`task_state.json`), and the model.
+`metrics.json` (summary, held-out accuracy and training log), `learning_curves.png` (arithmetic: learnable ratio,
+repropose attempts, proposer reward, solver accuracy; workspace: learnable ratio, safety and completion means, tool
+calls per episode; code: invalid proposals, learnable ratio, solver accuracy, buffer size; per step), for `code` the
+final buffer (`task_state.json`), and the model. Arithmetic and code also get the solver's greedy accuracy on the
+family's fixed held-out questions before and after training: `heldout_before.json` / `heldout_after.json` (every
+question, reply and score) and `heldout_accuracy.png` (before/after, overall and per level or task type, next to the
+learnable ratio per step).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from trl_ext.recipe import (
     write_model_card,
 )
 from trl_ext.rewards import LLMJudge
-from trl_ext.tasks import arithmetic_task, code_reasoning_task, workspace_task
+from trl_ext.tasks import arithmetic_task, code_reasoning_task, evaluate_solver, workspace_task
+from trl_ext.tasks.evaluation import plot_heldout_accuracy
 from trl_ext.tasks.workspace import render_judge_request
 from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
@@ -96,6 +100,11 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
             Code family: address-space limit of each sandboxed execution.
         num_references (`int`, *optional*, defaults to `4`):
             Code family: buffer triplets shown to each deduction/abduction proposer.
+        heldout_size (`int`, *optional*):
+            Questions of the family's fixed held-out set (drawn with `seed`) that the solver answers greedily before
+            and after training, scored by the family's correctness reward. Unset: the family's default (arithmetic
+            50 of at most 600, code all 24 built-in tasks). 0 skips the evaluation; the workspace family has none
+            (its solver needs TRL's tool loop).
     """
 
     task: str = field(default="arithmetic", metadata={"help": "Task family.", "choices": list(TASKS)})
@@ -115,6 +124,15 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
     sandbox_timeout_s: float = field(default=5.0, metadata={"help": "Code: seconds per sandboxed execution."})
     sandbox_memory_mb: int = field(default=512, metadata={"help": "Code: memory limit per sandboxed execution."})
     num_references: int = field(default=4, metadata={"help": "Code: buffer triplets shown to a proposer."})
+    heldout_size: int | None = field(
+        default=None,
+        metadata={"help": "Held-out solver questions evaluated before and after training (default: arithmetic 50, "
+                          "code 24); 0 skips the evaluation."},
+    )
+
+    def __post_init__(self):
+        if self.heldout_size is not None and self.heldout_size < 0:
+            raise ValueError(f"--heldout_size must be 0 (no held-out evaluation) or more (got {self.heldout_size}).")
 
 
 def build_task(script_args):
@@ -167,6 +185,37 @@ def check_tool_template_prompts(task, *datasets):
                 )
 
 
+def heldout_set(task, script_args, seed):
+    """The family's held-out solver questions (`--heldout_size` of them), or `None` when the run evaluates none."""
+    if task.heldout_questions is None:
+        if script_args.heldout_size:
+            raise ValueError(f"--heldout_size: the {task.name} family has no held-out evaluation (its solver acts "
+                             "through TRL's tool loop, which a greedy evaluation does not run).")
+        return None
+    if script_args.heldout_size == 0:
+        return None
+    return task.heldout_questions(script_args.heldout_size, seed)
+
+
+def evaluate_heldout(model, tokenizer, task, questions, training_args, name):
+    """The solver's greedy held-out accuracy; every question, reply and score to `heldout_<name>.json`."""
+    result = evaluate_solver(task, model, tokenizer, training_args.max_completion_length, questions,
+                             chat_template_kwargs=training_args.chat_template_kwargs,
+                             progress=not training_args.disable_tqdm)
+    write_json(Path(training_args.output_dir) / f"heldout_{name}.json", {**result.to_dict(), "rows": result.rows})
+    return result
+
+
+def heldout_lines(heldout):
+    """The held-out accuracies before -> after, overall and per group, as printed at the end of a run."""
+    before, after = heldout["before"], heldout["after"]
+    lines = [f"held-out solver accuracy ({len(before.rows)} questions, greedy, {before.reward}): "
+             f"before {before.accuracy:.3f} -> after {after.accuracy:.3f}"]
+    lines += [f"    {before.breakdown} {group} (n={before.counts[group]}): {before.by_group[group]:.3f} -> "
+              f"{after.by_group[group]:.3f}" for group in before.by_group]
+    return lines
+
+
 # The model card's headline numbers per family (means over the run), after the learnable ratio and invalid rate.
 CARD_RESULTS = {
     "arithmetic": {"solver accuracy": "solver/numeric_match_mean"},
@@ -176,19 +225,24 @@ CARD_RESULTS = {
 }
 
 
-def card_results(log_history, task_name):
+def card_results(log_history, task_name, heldout=None):
     """The model card's headline numbers: means over the run of the learnable ratio, proposal invalid rate and the
-    family's solver metrics."""
+    family's solver metrics; the held-out accuracy before and after training, overall and per group."""
     results = {}
     for name, key in (("learnable ratio", "unified_filter/learnable_ratio"), ("invalid proposals",
                       "proposer/invalid_rate"), *CARD_RESULTS[task_name].items()):
         values = [log[key] for log in log_history if isinstance(log.get(key), (int, float))]
         results[f"{name} (mean over steps)"] = sum(values) / len(values) if values else None
+    for when, result in (heldout or {}).items():
+        results[f"held-out solver accuracy ({when})"] = result.accuracy
+        for group, accuracy in result.by_group.items():
+            results[f"held-out accuracy, {result.breakdown} {group} ({when})"] = accuracy
     return results
 
 
 def main(script_args, training_args, model_args):
     task = build_task(script_args)
+    questions = heldout_set(task, script_args, training_args.seed)
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model(model_args.model_name_or_path)
@@ -223,25 +277,45 @@ def main(script_args, training_args, model_args):
         environment_factory=task.environment_factory,
         task_state=task.state,
     )
+    # Greedy evaluation runs on the main process; under ZeRO-3 the other ranks hold shards it would need.
+    zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
+    can_evaluate = questions is not None and not zero3
+    heldout = {}
+    if can_evaluate and trainer.accelerator.is_main_process:
+        heldout["before"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "before")
+    trainer.accelerator.wait_for_everyone()
+
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     save_final_model(trainer, training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
+        if can_evaluate:
+            heldout["after"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "after")
+            plot_heldout_accuracy(heldout, trainer.state.log_history, output_dir / "heldout_accuracy.png",
+                                  title=f"Absolute Zero ({task.name}): held-out solver accuracy, before vs after")
         curves = CURVES[task.name]
         plot_learning_curves(trainer.state.log_history, curves, output_dir / "learning_curves.png",
                              title=f"Absolute Zero self-play ({task.name}, per logging step)")
         steps = [log for log in trainer.state.log_history if "unified_filter/learnable_ratio" in log]
         per_type = sorted({key for log in steps for key in log if key.count("/") == 2 and key.startswith("task/")})
         summary = {key: [log.get(key) for log in steps] for key in curves + per_type}
-        write_json(output_dir / "metrics.json", {"model": model_path, "task": task.name, "per_step": summary,
-                                                 "train_log": trainer.state.log_history})
+        report = {"model": model_path, "task": task.name, "per_step": summary}
+        if heldout:
+            report["heldout"] = {"seed": training_args.seed, **{k: v.to_dict() for k, v in heldout.items()}}
+        write_json(output_dir / "metrics.json", {**report, "train_log": trainer.state.log_history})
         for key, values in summary.items():
             print(f"{key:>34}: " + " ".join("-" if v is None else f"{v:.2f}" for v in values))
         if task.state is not None:
             write_json(output_dir / "task_state.json", task.state.state_dict())
-        print(f"report and plots in {output_dir}")
+        plots = ["learning_curves.png (self-play metrics per step)"]
+        if heldout:
+            print("\n".join(heldout_lines(heldout)))
+            plots.append("heldout_accuracy.png (held-out accuracy before/after, learnable ratio per step)")
+        elif questions is not None:
+            print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
+        print(f"report and plots in {output_dir}: " + ", ".join(plots))
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
-                     card_results(trainer.state.log_history, task.name))
+                     card_results(trainer.state.log_history, task.name, heldout))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     return trainer.state.log_history

@@ -1,5 +1,7 @@
-"""recipes/absolute_zero.py end to end with a tiny model on local seed prompts (LoRA), and its default config."""
+"""recipes/absolute_zero.py end to end with a tiny model on local seed prompts (LoRA), its held-out evaluation, and
+its default config."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,10 +12,21 @@ import yaml
 from datasets import Dataset
 
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
+from trl_ext.tasks import arithmetic_task, evaluate_solver, workspace_task
+from trl_ext.tasks.arithmetic import heldout_questions
 from trl_ext.testing import tiny_checkpoint
 
 
 ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    spec = importlib.util.spec_from_file_location("absolute_zero_recipe_az", ROOT / "recipes" / "absolute_zero.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_seed_prompts_need_no_answer_column(tmp_path):
@@ -30,7 +43,7 @@ def test_seed_prompts_need_no_answer_column(tmp_path):
 def test_default_config_is_a_bounded_cpu_run():
     config = yaml.safe_load((ROOT / "recipes/configs/absolute_zero_smollm2_cpu.yaml").read_text())
     assert config["use_cpu"] and config["max_steps"] <= 10 and "model_name_or_path" not in config
-    assert config["task"] == "arithmetic" and config["lenient_parsing"]
+    assert config["task"] == "arithmetic" and config["lenient_parsing"] and config["heldout_size"] == 50
 
 
 @pytest.mark.slow
@@ -44,13 +57,63 @@ def test_recipe_end_to_end_on_local_seeds(tmp_path):
            "--bf16", "false", "--report_to", "none", "--logging_steps", "1", "--max_steps", "2",
            "--per_device_train_batch_size", "4", "--num_generations", "2", "--num_questions_per_prompt", "2",
            "--max_repropose_attempts", "1", "--max_completion_length", "6", "--max_question_length", "8",
-           "--lenient_parsing", "--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"]
+           "--lenient_parsing", "--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
+           "--heldout_size", "6"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "README.md"):
+    for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "README.md",
+                 "heldout_accuracy.png", "heldout_before.json", "heldout_after.json"):
         assert (out / name).is_file(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "arithmetic"
     assert len(metrics["per_step"]["unified_filter/learnable_ratio"]) == 2
     assert "solver/numeric_match_mean" in metrics["per_step"]
-    assert "absolute-zero" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "absolute-zero" in card
+
+    # The held-out evaluation: the seeded questions, numbers consistent with every reply's score, in the report.
+    assert metrics["heldout"]["seed"] == 42  # TRL's default seed
+    for when in ("before", "after"):
+        report = json.loads((out / f"heldout_{when}.json").read_text())
+        rows = report.pop("rows")
+        assert [row["question"] for row in rows] == heldout_questions(6, 42)
+        assert report == metrics["heldout"][when] and report["num_questions"] == 6
+        assert report["reward"] == "numeric_match" and report["breakdown"] == "level"
+        scores = [row["score"] for row in rows]
+        assert set(scores) <= {0.0, 1.0} and report["accuracy"] == sum(scores) / 6
+        for level in ("1", "2", "3"):
+            of_level = [row["score"] for row in rows if str(row["question"]["level"]) == level]
+            assert report["counts"][level] == 2 and report["by_group"][level] == sum(of_level) / 2
+        assert f"| held-out solver accuracy ({when}) | {report['accuracy']:.3f} |" in card
+        assert f"| held-out accuracy, level 3 ({when}) | {report['by_group']['3']:.3f} |" in card
+    assert "held-out solver accuracy (6 questions, greedy, numeric_match): before" in proc.stdout
+    assert "heldout_accuracy.png" in proc.stdout
+
+    # The trained model, loaded from the output, answers the held-out questions exactly as the run reported.
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    model = AutoPeftModelForCausalLM.from_pretrained(out)
+    again = evaluate_solver(arithmetic_task(lenient=True), model, AutoTokenizer.from_pretrained(out), 6,
+                            heldout_questions(6, 42), progress=False)
+    assert again.rows == json.loads((out / "heldout_after.json").read_text())["rows"]
+
+
+def test_heldout_size(recipe, tmp_path):
+    from trl import ModelConfig, TrlParser
+
+    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+
+    def script_args(*flags):
+        return parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false",
+                                                  *flags])[0]
+
+    with pytest.raises(ValueError, match="--heldout_size must be 0"):
+        script_args("--heldout_size", "-1")
+    assert recipe.heldout_set(arithmetic_task(), script_args(), 0) == heldout_questions(50, 0)  # the default
+    assert recipe.heldout_set(arithmetic_task(), script_args("--heldout_size", "0"), 0) is None
+    with pytest.raises(ValueError, match="0 to 600"):
+        recipe.heldout_set(arithmetic_task(), script_args("--heldout_size", "601"), 0)
+    assert recipe.heldout_set(workspace_task(), script_args(), 0) is None
+    with pytest.raises(ValueError, match="workspace family has no held-out evaluation"):
+        recipe.heldout_set(workspace_task(), script_args("--heldout_size", "5"), 0)

@@ -1,5 +1,6 @@
 """recipes/absolute_zero.py with the code family end to end: a tiny model whose generation is scripted (programs,
-inputs and answers of tests/scripts/absolute_zero_code_ranks.py), checked in the real sandbox; and the code configs."""
+inputs and answers of tests/scripts/absolute_zero_code_ranks.py; held-out answers right on deduction, wrong on
+abduction), checked in the real sandbox; and the code configs."""
 
 import importlib.util
 import json
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_ext.tasks import code_reasoning_task
 from trl_ext.tasks.code_reasoning import ZERO_TRIPLET
-from trl_ext.testing import ScriptedGeneration, tiny_checkpoint
+from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, tiny_checkpoint
 
 
 ROOT = Path(__file__).parent.parent
@@ -31,21 +33,39 @@ def recipe():
     return load("absolute_zero_recipe_code", ROOT / "recipes" / "absolute_zero.py")
 
 
+def heldout_answers(questions):
+    """A solver that gives the gold output of every deduction task and `None` as every abduction input (on which
+    each held-out program raises)."""
+
+    def script(prompt):
+        if "What does this Python function return" not in prompt:
+            return "```input\nNone\n```"
+        (task,) = [q for q in questions if q["task_type"] == "deduction" and q["program"] in prompt
+                   and f"```input\n{q['input']}\n```" in prompt]
+        return f"```output\n{task['output']}\n```"
+
+    return script
+
+
 @pytest.mark.slow
-def test_code_self_play_end_to_end(recipe, tmp_path, monkeypatch):
+def test_code_self_play_end_to_end(recipe, tmp_path, monkeypatch, capsys):
     from trl import ModelConfig, TrlParser
 
     scenario = load("absolute_zero_code_ranks", ROOT / "tests/scripts/absolute_zero_code_ranks.py")
+    questions = code_reasoning_task().heldout_questions(None, 42)  # the config's seed
 
     class ScriptedTrainer(recipe.AbsoluteZeroTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             ScriptedGeneration(self, scenario.script).__enter__()
+            ScriptedModelGenerate(self.model, self.processing_class, heldout_answers(questions)).__enter__()
 
     monkeypatch.setattr(recipe, "AbsoluteZeroTrainer", ScriptedTrainer)
     out = tmp_path / "out"
+    # 48 solver tokens hold every held-out answer (the scripted self-play completions do not depend on it).
     argv = ["--config", str(CPU_CONFIG), "--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"),
-            "--output_dir", str(out), "--max_steps", "2", "--max_question_length", "8", "--max_completion_length", "8"]
+            "--output_dir", str(out), "--max_steps", "2", "--max_question_length", "8",
+            "--max_completion_length", "48"]
     parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
@@ -66,12 +86,29 @@ def test_code_self_play_end_to_end(recipe, tmp_path, monkeypatch):
     assert triplets[0] == ZERO_TRIPLET and len(triplets) == per_step["task/buffer_size"][-1]
     assert {t["program"] for t in triplets[1:]} <= {scenario.SORT, scenario.DOUBLE}
     assert training_args.reward_weights == [1.0, 0.25]
-    assert "solver accuracy (mean over steps)" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "solver accuracy (mean over steps)" in card
+
+    # Held out: the 24 built-in tasks before and after, each deduction right and each abduction wrong by execution.
+    assert (out / "heldout_accuracy.png").is_file()
+    for when in ("before", "after"):
+        report = json.loads((out / f"heldout_{when}.json").read_text())
+        rows = report.pop("rows")
+        assert [row["question"] for row in rows] == questions
+        assert [row["score"] for row in rows] == [float(q["task_type"] == "deduction") for q in questions]
+        assert report == metrics["heldout"][when] == {
+            "accuracy": 0.5, "num_questions": 24, "reward": "code_correct", "breakdown": "task_type",
+            "by_group": {"abduction": 0.0, "deduction": 1.0}, "counts": {"abduction": 12, "deduction": 12}}
+        assert f"| held-out accuracy, task_type deduction ({when}) | 1.000 |" in card
+    printed = capsys.readouterr().out
+    assert "held-out solver accuracy (24 questions, greedy, code_correct): before 0.500 -> after 0.500" in printed
+    assert "task_type deduction (n=12): 1.000 -> 1.000" in printed
 
 
 def test_code_configs():
     cpu = yaml.safe_load(CPU_CONFIG.read_text())
     assert cpu["use_cpu"] and cpu["max_steps"] <= 10 and "model_name_or_path" not in cpu and cpu["task"] == "code"
+    assert cpu["heldout_size"] == 24  # the whole built-in set
     gpu = yaml.safe_load(GPU_CONFIG.read_text())
     assert gpu["model_name_or_path"].startswith("Qwen/Qwen2.5-Coder") and gpu["task"] == "code"
     assert gpu["use_vllm"] and gpu["vllm_mode"] == "server"

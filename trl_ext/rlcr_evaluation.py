@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 from tqdm.auto import tqdm
 
 from .calibration import CalibrationReport, calibration_report
 from .core.turns import follow_up_turn
+from .greedy import greedy_completions
 from .rewards import extract_answer, extract_confidence
 from .rewards.functions import is_missing
 from .rewards.verify import verify_answer
@@ -46,22 +46,6 @@ class CalibrationEvaluation:
             "num_missing_gold": self.num_missing_gold,
             **({"rlcr_paper": self.paper_report.to_dict()} if self.paper_report is not None else {}),
         }
-
-
-@torch.no_grad()
-def _greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    pad = tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
-    out = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
-        pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-    )
-    completions = []
-    for row in out[:, width:].tolist():
-        completions.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
-    return completions
 
 
 def evaluate_calibration(
@@ -104,9 +88,9 @@ def evaluate_calibration(
             )]
             for p in batch["prompt"]
         ]
-        answers = _greedy(model, tokenizer, prompts, args.max_completion_length)
+        answers = greedy_completions(model, tokenizer, prompts, args.max_completion_length)
         turn2 = [turn.prompt_ids(p, a, [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
-        confidences = _greedy(model, tokenizer, turn2, args.max_confidence_length)
+        confidences = greedy_completions(model, tokenizer, turn2, args.max_confidence_length)
         for gold, answer_ids, confidence_ids in zip(batch[args.solution_column], answers, confidences):
             answer_text = tokenizer.decode(answer_ids, skip_special_tokens=True)
             confidence_text = tokenizer.decode(confidence_ids, skip_special_tokens=True)

@@ -218,6 +218,45 @@ def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> list[dict[st
     return [{"role": "system", "content": SOLVER_SYSTEM_PROMPT}, {"role": "user", "content": question["question"]}]
 
 
+def _quotient(rng: random.Random) -> str:
+    divisor = rng.randint(2, 9)
+    return f"{divisor * rng.randint(2, 19)} / {divisor}"
+
+
+# The held-out set's difficulty levels, each a mix of the kinds of question the proposer prompts ask for (HINTS).
+HELDOUT_LEVELS = {
+    1: [lambda rng: f"{rng.randint(1, 19)} + {rng.randint(1, 19)}",
+        lambda rng: f"{rng.randint(2, 9)} * {rng.randint(2, 9)}"],
+    2: [lambda rng: f"{rng.randint(10, 99)} - {rng.randint(10, 99)}",
+        lambda rng: f"{rng.randint(11, 99)} * {rng.randint(2, 9)}",
+        _quotient],
+    3: [lambda rng: f"{rng.randint(2, 30)} + {rng.randint(2, 9)} * {rng.randint(2, 9)}",
+        lambda rng: f"{rng.randint(2, 12)} * {rng.randint(2, 12)} - {rng.randint(1, 30)}",
+        lambda rng: f"({rng.randint(1, 20)} + {rng.randint(1, 20)}) * {rng.randint(2, 9)}"],
+}
+HELDOUT_SIZE = 50
+MAX_HELDOUT = 600  # level 1 has 425 distinct questions: drawing more than 200 of them would slow to a crawl
+PROMPT_EXAMPLE = "12 * 3 - 5"  # in every proposer prompt, so a proposal may copy it: never held out
+
+
+def heldout_questions(n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """`n` distinct questions (default `HELDOUT_SIZE`), levels 1, 2, 3 in turn, as the family's parser reads a
+    proposal (`question`, `expression`, gold `solution` from the safe evaluator) plus their `level`. The same for the
+    same `seed`; drawn from a generator of their own, so they share nothing with the seed prompts."""
+    n = HELDOUT_SIZE if n is None else n
+    if not 0 <= n <= MAX_HELDOUT:
+        raise ValueError(f"the arithmetic family holds out 0 to {MAX_HELDOUT} questions (got {n}).")
+    rng, parse, seen, questions = random.Random(f"arithmetic-heldout-{seed}"), make_question_parser(), set(), []
+    while len(questions) < n:
+        level = len(questions) % len(HELDOUT_LEVELS) + 1
+        expression = rng.choice(HELDOUT_LEVELS[level])(rng)
+        if expression in seen or expression == PROMPT_EXAMPLE:
+            continue
+        seen.add(expression)
+        questions.append({**parse(f"<question>{expression}</question>"), "level": level})
+    return questions
+
+
 def arithmetic_task(lenient: bool = False) -> TaskFamily:
     """The arithmetic family. Learnability by default: the numeric match is right on some but not all responses."""
     return TaskFamily(
@@ -227,4 +266,6 @@ def arithmetic_task(lenient: bool = False) -> TaskFamily:
         reward_funcs=[make_numeric_match_reward(lenient=lenient), make_answer_format_reward()],
         seed_prompts=seed_prompts,
         reward_weights=[1.0, 0.5],
+        heldout_questions=heldout_questions,
+        heldout_breakdown="level",
     )

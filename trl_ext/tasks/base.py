@@ -49,6 +49,11 @@ class TaskFamily:
             solver's tools), or `None` for single-turn solving.
         state: Trainer state the proposer is conditioned on (see `TaskState`), or `None` for a stateless family whose
             seed prompts are the proposer prompts. Pass it to the trainer as `task_state`.
+        heldout_questions: `f(n, seed) -> questions`: `n` solver questions (`None`: the family's default number) for
+            the held-out evaluation (`trl_ext.tasks.evaluate_solver`), the same for the same seed, each with the
+            fields a validated proposal has (gold included) plus `heldout_breakdown`. `None`: the family has no
+            held-out evaluation (the workspace family, whose solver needs TRL's tool loop).
+        heldout_breakdown: The question field the held-out accuracy is broken down by (`level`, `task_type`).
     """
 
     name: str
@@ -60,6 +65,8 @@ class TaskFamily:
     reward_weights: Sequence[float] | None = field(default=None)
     environment_factory: Callable[[], Any] | None = None
     state: TaskState | None = None
+    heldout_questions: Callable[[int | None, int], list[dict[str, Any]]] | None = None
+    heldout_breakdown: str | None = None
 
 
 class TaskState:

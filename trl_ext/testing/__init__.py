@@ -3,7 +3,8 @@
 - `config`: `cpu_test_args`, trainer arguments for a few fast CPU steps.
 - `tiny_model`: tiny random-weight causal LMs with real chat-template tokenizers (SmolLM2's; Qwen3-family templates
   on a tiny Qwen3), built at run time.
-- `scripted`: replace generation by a function of the prompt ids, and record the batches a trainer builds.
+- `scripted`: replace generation (a trainer's, or `model.generate`) by a function of the prompt, and record the
+  batches a trainer builds.
 - `multiprocess`: run a script under `torchrun --nproc_per_node N` (gloo on CPU) and collect each rank's results.
 - `fake_executor`: a stand-in for the sandbox's `execute_many` that answers from hand-written functions.
 - `vllm_server`: a loopback OpenAI-compatible server, and TRL's real vLLM server-mode client pointed at it.
@@ -12,7 +13,7 @@
 from .config import cpu_test_args
 from .fake_executor import FakeExecutor
 from .multiprocess import RankResults, run_torchrun, weights_digest, write_rank_result
-from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, tool_call_text
+from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, ScriptedModelGenerate, tool_call_text
 from .tiny_model import (
     QWEN3_CHAT_TEMPLATES,
     tiny_causal_lm,
@@ -33,6 +34,7 @@ __all__ = [
     "QWEN3_CHAT_TEMPLATES",
     "RankResults",
     "ScriptedGeneration",
+    "ScriptedModelGenerate",
     "changed_parameters",
     "cpu_test_args",
     "run_torchrun",

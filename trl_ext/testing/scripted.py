@@ -9,6 +9,9 @@ trainer's own code.
         trainer.train()
     gen.calls[0].num_generations, rec.batches[0]["advantages"]
 
+`ScriptedModelGenerate(model, tokenizer, script)` does the same for code that calls `model.generate` itself (the
+held-out solver evaluation).
+
 With tools or an `environment_factory`, a script returns `tool_call_text(...)` to call a tool, and TRL's own tool loop
 runs the call and generates again (one row at a time, `num_generations=1`) from the episode so far: the script sees
 the tool results (`<tool_response>` blocks) in the decoded prompt and decides from them.
@@ -81,6 +84,39 @@ class ScriptedGeneration:
 
     def __exit__(self, *exc) -> None:
         del self.trainer._generate_single_turn
+
+
+class ScriptedModelGenerate:
+    """Context manager replacing `model.generate` with `script(prompt_text) -> str`, for code that generates with the
+    model directly rather than through a trainer.
+
+    Each row's prompt (its left padding dropped, by the attention mask) is decoded with special tokens kept; the reply
+    is tokenised with the end-of-sequence token appended and cut at `max_new_tokens`, as generation would cut it.
+    Returns the prompts followed by the replies, right-padded with `pad_token_id`, like `generate`. `prompt_ids`
+    records every row's prompt.
+    """
+
+    def __init__(self, model, tokenizer, script: Callable[[str], str]):
+        self.model, self.tokenizer, self.script = model, tokenizer, script
+        self.prompt_ids: list[list[int]] = []
+
+    def _generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, **kwargs):
+        replies = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+            prompt = [token for token, keep in zip(ids, mask, strict=True) if keep]
+            self.prompt_ids.append(prompt)
+            reply = self.tokenizer.encode(self.script(self.tokenizer.decode(prompt)), add_special_tokens=False)
+            replies.append((reply + [self.tokenizer.eos_token_id])[:max_new_tokens])
+        width = max(len(reply) for reply in replies)
+        padded = torch.tensor([reply + [pad_token_id] * (width - len(reply)) for reply in replies])
+        return torch.cat([input_ids, padded.to(input_ids.device)], dim=1)
+
+    def __enter__(self) -> ScriptedModelGenerate:
+        self.model.generate = self._generate  # an instance attribute shadows the model's method
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.generate
 
 
 class BatchRecorder:

@@ -22,6 +22,7 @@ from datasets import Dataset
 from ...rewards.parsing import completion_text
 from ..base import TaskFamily, TaskState
 from . import prompts
+from .heldout import make_heldout_questions
 from .programs import (
     MAX_MESSAGE_CHARS,
     RESULT_VAR,
@@ -311,4 +312,6 @@ def code_reasoning_task(lenient: bool = False, **state_kwargs) -> TaskFamily:
         seed_prompts=seed_prompts,
         reward_weights=[1.0, 0.25],
         state=state,
+        heldout_questions=make_heldout_questions(state.validate),
+        heldout_breakdown="task_type",
     )

@@ -1,0 +1,23 @@
+"""Greedy generation for evaluations: batched `model.generate` on prompt token ids, completions cut after EOS."""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy completion as token ids, ending with the EOS token when the model wrote it within
+    `max_new_tokens`. Prompts are left-padded into one batch."""
+    pad = tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
+        pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+    )
+    completions = []
+    for row in out[:, width:].tolist():
+        completions.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
+    return completions
