@@ -6,6 +6,7 @@ import math
 
 import pytest
 from trl.chat_template_utils import add_response_schema
+
 from trl_ext.greedy import greedy_completions
 from trl_ext.tasks import arithmetic_task, code_reasoning_task, evaluate_solver, workspace_task
 from trl_ext.tasks.arithmetic import PROMPT_EXAMPLE, format_number, heldout_questions, safe_evaluate, seed_prompts

@@ -16,8 +16,8 @@ from trl_ext import (
     ReplayGRPOTrainer,
     RLCRMultiTurnConfig,
     RLCRMultiTurnTrainer,
-    default_model,
 )
+from trl_ext.cache import COMPLETE_MARKER
 from trl_ext.default_model import default_model_path, embedded_model_name
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.testing import cpu_test_args, tiny_checkpoint
@@ -105,7 +105,7 @@ def test_lora_card_on_a_local_base_with_a_hub_name_names_it(tmp_path):
     """A local base that the embedded default's build marker identifies: the card and PEFT's tag name its Hub id."""
     base = tiny_checkpoint(tmp_path / "tiny")
     # The build's completion marker, copied from the real build: the tiny checkpoint now reads as that build.
-    shutil.copy(Path(default_model_path()) / default_model._COMPLETE_MARKER, base)
+    shutil.copy(Path(default_model_path()) / COMPLETE_MARKER, base)
     assert embedded_model_name(base) == DEFAULT_MODEL_NAME
     trainer = _lora_trainer(tmp_path, base=base)
     trainer.save_model(trainer.args.output_dir)  # PEFT's card, with the local path as base model
