@@ -5,22 +5,53 @@ configuration alike."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import random
 import statistics
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
+from trl import ModelConfig, TrlParser
 
 from trl_ext import default_model_path
 
 
-def load_model():
-    """The embedded default (SmolLM2-135M-Instruct), float32, with its tokenizer."""
-    path = default_model_path()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_model(path=None):
+    """A checkpoint (default: the embedded SmolLM2-135M-Instruct), float32, with its tokenizer."""
+    path = path or default_model_path()
     return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
+
+
+def load_recipe(name: str):
+    """`recipes/<name>.py` as a module (the recipes are scripts, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_recipe", ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def rlcr_cpu_warmup() -> tuple[str, str]:
+    """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default, built (once, cached)
+    exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
+    from trl_ext.recipe import resolve_model, with_default_config
+
+    recipe = load_recipe("rlcr")
+    parser = TrlParser((recipe.RLCRScriptArguments, recipe.RLCRMultiTurnConfig, ModelConfig))
+    script_args, training_args, _ = parser.parse_args_and_config(
+        args=with_default_config(["--output_dir", tempfile.mkdtemp()], recipe.DEFAULT_CONFIG))
+    train, _ = recipe.datasets_for(script_args, training_args)
+    path, _, _ = recipe.warm_up(resolve_model(None), train, script_args, training_args)
+    return path, script_args.system_prompt
 
 
 def step_times(trainer) -> list[float]:

@@ -13,10 +13,12 @@ median and spread of `step_time` after one warm-up step, and the ratios of the m
 with scripted fixed-length completions excludes generation, the bound on the ratio when generation is free (as with a
 fast vLLM server).
 
-curves: the same run with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer):
-accuracy per step of the fresh rollouts (replayed rows excluded, and its 4-step moving average), fresh tokens generated per
-step, steps until the replay run's moving average reaches the no-replay run's final accuracy (mean over the last quarter
-of its steps), and buffer bytes per stored token.
+curves: with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer), once per seed in
+`--seeds`, both from the RLCR recipe's format warm-up of the embedded default (short `<answer>` replies, so that a
+135M model gets some answers right and some wrong, which replay needs): accuracy per step of the fresh rollouts
+(replayed rows excluded) with its 4-step moving average, mean and min-max over seeds, fresh tokens generated per step,
+steps until the replay run's moving average reaches the no-replay run's final accuracy (mean over the last quarter of
+its steps; per seed and on the seed means), and buffer bytes per stored token.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from common import (
     load_model,
     machine_load,
     plot_step_times,
+    rlcr_cpu_warmup,
     summarize,
 )
 from trl import GRPOConfig, GRPOTrainer
@@ -48,13 +51,25 @@ COMPLETION = "<think>3 plus 4 is 7.</think><answer>7</answer>"  # the scripted c
 WINDOW = 4
 
 
-def make_trainer(replay: bool, steps: int, learning_rate: float, **replay_args):
-    model, tokenizer = load_model()
-    common = dict(max_steps=steps, per_device_train_batch_size=8, num_generations=4, max_completion_length=32,
-                  temperature=1.0, learning_rate=learning_rate, lr_scheduler_type="constant", beta=0.0,
-                  activation_checkpointing=False, reward_weights=[1.0, 0.5], seed=42)
-    rewards = [make_accuracy_reward(lenient=True), make_format_reward()]
-    data = graded_arithmetic(500, seed=42)
+def make_trainer(replay: bool, steps: int, learning_rate: float, model_path=None, seed=42, system_prompt=None,
+                 batch_size=8, **replay_args):
+    """GRPO or Replay GRPO on graded arithmetic. Without `model_path`: the embedded default with lenient parsing, the
+    `<think>` answer format and a format reward (the step-time benchmark); with it (the format warm-up of the RLCR
+    recipe): its short answer format, strict parsing and the accuracy reward alone."""
+    if model_path is None:
+        model, tokenizer = load_model()
+        rewards, weights = [make_accuracy_reward(lenient=True), make_format_reward()], [1.0, 0.5]
+        data = graded_arithmetic(500, seed=seed)
+        length = 32
+    else:
+        model, tokenizer = load_model(model_path)
+        rewards, weights = [make_accuracy_reward()], [1.0]
+        data = graded_arithmetic(500, seed=1000 + seed, system_prompt=system_prompt)  # not the warm-up's questions
+        length = 16
+    common = dict(max_steps=steps, per_device_train_batch_size=batch_size, num_generations=4,
+                  max_completion_length=length, temperature=1.0, learning_rate=learning_rate,
+                  lr_scheduler_type="constant", beta=0.0, activation_checkpointing=False, reward_weights=weights,
+                  seed=seed, bf16=model_path is not None)
     if replay:
         args = cpu_test_args(tempfile.mkdtemp(), ReplayGRPOConfig, **common, **replay_args)
         return ReplayGRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data,
@@ -102,50 +117,77 @@ def moving_average(values, window=WINDOW):
     return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
-def curves(steps: int, replay_start: float, learning_rate: float) -> dict:
-    runs = {}
-    for name in ("no_replay", "replay"):
-        trainer = make_trainer(name == "replay", steps, learning_rate, replay_start_ratio=replay_start)
-        trainer.train()
-        # Fresh rollouts only: replayed rows are stored successes and would inflate the replay run's accuracy.
-        accuracy = logged(trainer, "replay/solve_rate" if name == "replay" else "rewards/accuracy/mean")
-        run = {"accuracy": accuracy, "accuracy_moving_average": moving_average(accuracy),
-               "completion_tokens": [round(m * 8) for m in logged(trainer, "completions/mean_length")]}
-        if name == "replay":
-            exp = trainer.experience
-            run.update(
-                fresh_tokens=logged(trainer, "replay/fresh_tokens"),
-                replay_groups=logged(trainer, "replay/replay_groups"),
-                importance_ratio_mean=logged(trainer, "replay/importance_ratio_mean"),
-                buffer_trajectories=logged(trainer, "replay/buffer_trajectories"),
-                buffer_bytes=exp.nbytes,
-                buffer_tokens=exp.num_tokens,
-                buffer_bytes_per_token=exp.nbytes / max(exp.num_tokens, 1),
-            )
-        else:
-            run["fresh_tokens"] = run["completion_tokens"]
-        runs[name] = run
-    result = {"steps": steps, "replay_start_ratio": replay_start, "learning_rate": learning_rate,
-              **compare(runs), "runs": runs}
+def run_curves(replay: bool, steps: int, replay_start: float, learning_rate: float, seed: int, model_path,
+               system_prompt) -> dict:
+    trainer = make_trainer(replay, steps, learning_rate, model_path=model_path, seed=seed,
+                           system_prompt=system_prompt, batch_size=16, replay_start_ratio=replay_start)
+    trainer.train()
+    # Fresh rollouts only: replayed rows are stored successes and would inflate the replay run's accuracy.
+    accuracy = logged(trainer, "replay/solve_rate" if replay else "rewards/accuracy/mean")
+    run = {"accuracy": accuracy, "accuracy_moving_average": moving_average(accuracy),
+           "fresh_tokens": logged(trainer, "replay/fresh_tokens") if replay else
+           [round(m * 16) for m in logged(trainer, "completions/mean_length")]}
+    if replay:
+        exp = trainer.experience
+        run.update(
+            replay_groups=logged(trainer, "replay/replay_groups"),
+            importance_ratio_mean=logged(trainer, "replay/importance_ratio_mean"),
+            buffer_trajectories=logged(trainer, "replay/buffer_trajectories"),
+            buffer_bytes_per_token=exp.nbytes / max(exp.num_tokens, 1),
+        )
+    return run
+
+
+def curves(steps: int, replay_start: float, learning_rate: float, seeds: list[int]) -> dict:
+    """Both configurations from the RLCR recipe's format warm-up of the embedded default, once per seed (the seed
+    draws the questions, the samples and the replay decisions)."""
+    model_path, system_prompt = rlcr_cpu_warmup()
+    runs = {name: [] for name in ("no_replay", "replay")}
+    for seed in seeds:
+        for name in runs:
+            runs[name].append(run_curves(name == "replay", steps, replay_start, learning_rate, seed, model_path,
+                                         system_prompt))
+    result = {"model": "format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, CPU",
+              "steps": steps, "seeds": seeds, "replay_start_ratio": replay_start, "learning_rate": learning_rate,
+              "rollouts_per_step": 16, **compare(runs), "runs": runs}
     plot_curves(result, RESULTS / "replay_curves.png")
     return result
 
 
+def final_accuracy(accuracy: list[float]) -> float:
+    """Mean over the last quarter of the steps: one batch of rollouts is too noisy to be "the" final value."""
+    return statistics.mean(accuracy[-max(WINDOW, len(accuracy) // 4):])
+
+
+def steps_to_reach(moving: list[float], target: float) -> int | None:
+    return next((i + 1 for i, a in enumerate(moving) if a >= target), None)
+
+
+def mean_curve(curves: list[list[float]]) -> list[float]:
+    return [statistics.mean(values) for values in zip(*curves)]
+
+
 def compare(runs: dict) -> dict:
-    """Steps until the replay run's moving average reaches the no-replay run's final accuracy (its mean over the last
-    quarter of the steps: one batch of 8 rollouts is too noisy to be "the" final value), and per-run summaries."""
-    steps = len(runs["no_replay"]["accuracy"])
-    tail = max(WINDOW, steps // 4)
-    target = statistics.mean(runs["no_replay"]["accuracy"][-tail:])
-    reached = next((i + 1 for i, a in enumerate(runs["replay"]["accuracy_moving_average"]) if a >= target), None)
+    """Per seed and on the seed-mean curves: each run's final accuracy, and the steps until the replay run's moving
+    average reaches the no-replay run's final accuracy (None: never)."""
+    per_seed = []
+    for base, replay in zip(runs["no_replay"], runs["replay"]):
+        target = final_accuracy(base["accuracy"])
+        per_seed.append({"no_replay_final_accuracy": target,
+                         "replay_final_accuracy": final_accuracy(replay["accuracy"]),
+                         "replay_steps_to_reach_it": steps_to_reach(replay["accuracy_moving_average"], target)})
+    means = {name: mean_curve([run["accuracy"] for run in seeded]) for name, seeded in runs.items()}
+    target = final_accuracy(means["no_replay"])
+    finals = {name: [final_accuracy(run["accuracy"]) for run in seeded] for name, seeded in runs.items()}
     return {
-        "no_replay_final_accuracy": target,
-        "final_accuracy_window": tail,
-        "replay_final_accuracy": statistics.mean(runs["replay"]["accuracy"][-tail:]),
-        "replay_steps_to_reach_it": reached,
-        "steps_ratio": None if reached is None else reached / steps,
-        "mean_fresh_tokens_per_step": {k: statistics.mean(v["fresh_tokens"]) for k, v in runs.items()},
-        "buffer_bytes_per_token": runs["replay"]["buffer_bytes_per_token"],
+        "per_seed": per_seed,
+        "final_accuracy": {name: {"mean": statistics.mean(v), "min": min(v), "max": max(v)}
+                           for name, v in finals.items()},
+        "mean_curve_no_replay_final_accuracy": target,
+        "mean_curve_replay_steps_to_reach_it": steps_to_reach(moving_average(means["replay"]), target),
+        "mean_fresh_tokens_per_step": {name: statistics.mean(t for run in seeded for t in run["fresh_tokens"])
+                                       for name, seeded in runs.items()},
+        "buffer_bytes_per_token": statistics.mean(run["buffer_bytes_per_token"] for run in runs["replay"]),
     }
 
 
@@ -153,26 +195,31 @@ def plot_curves(result: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 3.6), layout="constrained")
+    fig = Figure(figsize=(13, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     ax_acc, ax_tok, ax_buf = fig.subplots(1, 3)
-    ax_acc.axhline(result["no_replay_final_accuracy"], color="C0", linestyle=":", linewidth=0.8)
-    start = result["replay_start_ratio"] * result["steps"]
-    for color, (name, run) in zip(("C0", "C1"), result["runs"].items()):
-        steps = range(1, len(run["accuracy"]) + 1)
-        ax_acc.plot(steps, run["accuracy_moving_average"], color=color, label=f"{name} ({WINDOW}-step mean)")
-        ax_acc.plot(steps, run["accuracy"], color=color, alpha=0.3, linestyle=":")
-        ax_tok.plot(steps, run["fresh_tokens"], color=color, label=name)
-    replay = result["runs"]["replay"]
-    ax_buf.plot(range(1, len(replay["buffer_trajectories"]) + 1), replay["buffer_trajectories"])
-    for ax, title in ((ax_acc, "accuracy"), (ax_tok, "fresh tokens generated"), (ax_buf, "buffer trajectories")):
+    start = result["replay_start_ratio"] * result["steps"] + 0.5
+    for color, (name, seeded) in zip(("C0", "C1"), result["runs"].items()):
+        smoothed = [run["accuracy_moving_average"] for run in seeded]
+        steps = range(1, len(smoothed[0]) + 1)
+        low, high = [min(v) for v in zip(*smoothed)], [max(v) for v in zip(*smoothed)]
+        ax_acc.fill_between(steps, low, high, color=color, alpha=0.2)
+        ax_acc.plot(steps, mean_curve(smoothed), color=color,
+                    label=f"{name}: mean of {len(seeded)} seeds ({WINDOW}-step average), band: min-max")
+        ax_tok.plot(steps, mean_curve([run["fresh_tokens"] for run in seeded]), color=color, label=name)
+    ax_acc.axhline(result["mean_curve_no_replay_final_accuracy"], color="C0", linestyle=":", linewidth=0.8)
+    for run in result["runs"]["replay"]:
+        ax_buf.plot(range(1, len(run["buffer_trajectories"]) + 1), run["buffer_trajectories"], color="C1", alpha=0.6)
+    for ax, title in ((ax_acc, "accuracy of the fresh rollouts"), (ax_tok, "fresh tokens generated per step"),
+                      (ax_buf, "buffer trajectories (each seed)")):
         ax.axvline(start, color="grey", linestyle="--", linewidth=0.8)
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    ax_acc.legend(fontsize=8)
+    ax_acc.legend(fontsize=7)
     ax_tok.legend(fontsize=8)
-    fig.suptitle("Replay GRPO vs GRPO on the embedded default (dashed: replay starts)")
+    fig.suptitle("Replay GRPO vs GRPO from the format warm-up of the embedded default (dashed: replay starts; "
+                 "dotted: no-replay final accuracy)", fontsize=10)
     fig.savefig(path, dpi=110)
 
 
@@ -182,12 +229,13 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=None, help="measured steps (overhead: 4, curves: 24)")
     parser.add_argument("--replay-start", type=float, default=0.25, help="curves: replay_start_ratio")
     parser.add_argument("--learning-rate", type=float, default=1e-5, help="curves: learning rate")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="curves: one run per seed")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps or 4)
     else:
-        result = curves(args.steps or 24, args.replay_start, args.learning_rate)
+        result = curves(args.steps or 24, args.replay_start, args.learning_rate, args.seeds)
     path = write_json(RESULTS / f"replay_{args.part}.json", result)
     print({k: v for k, v in result.items() if k != "runs"})
     print(f"-> {path}")

@@ -12,39 +12,47 @@ default) and with rows scored one by one. The three trainers are built once and 
 C ...), so load on a shared machine lands on all of them alike; per trainer the min, median and spread of
 `step_time` after one warm-up step, and the ratios to GRPO of the medians and of the mins.
 
-calibration: multi-turn RLCR (G_a answers, then G_c confidences per answer) against single-turn RLCR (answer and
-confidence in one completion, reward accuracy + Brier, plain GRPOTrainer), same prompts, seed and learning rate.
-Curves are plotted against cumulative generated tokens, so the comparison is at equal sampled tokens.
+calibration: multi-turn RLCR (the recipe's embedded-default run: G_a answers, then G_c confidences per answer)
+against single-turn RLCR (answer and confidence in one completion, reward accuracy + Brier, plain GRPOTrainer), both
+from one format warm-up that teaches both formats (so that the single-turn baseline states confidences at all), with
+the recipe's learning rate, temperature and step count, and as many generated tokens per step. Both are evaluated
+greedily on the recipe's held-out questions before training and every `--evaluate-every` steps, once per seed in
+`--seeds`; curves against cumulative generated tokens, mean and min-max over seeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from common import (
     fixed_length,
     interleaved_step_times,
     load_model,
+    load_recipe,
     machine_load,
     plot_step_times,
     summarize,
 )
-from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
 from trl_ext import default_model_path
-from trl_ext.calibration import brier_score, expected_calibration_error
+from trl_ext.calibration import brier_score, calibration_report, expected_calibration_error
 from trl_ext.data import graded_arithmetic
-from trl_ext.data.arithmetic import ANSWER_FORMAT
-from trl_ext.recipe import write_json
-from trl_ext.rewards import extract_confidence, make_accuracy_reward
+from trl_ext.greedy import greedy_completions
+from trl_ext.recipe import with_default_config, write_json
+from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.rewards.parsing import completion_text
+from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.warmup import format_warmup, rlcr_format_examples
 
 
 RESULTS = Path(__file__).parent / "results"
@@ -52,7 +60,6 @@ CONFIDENCE_PROMPT = (
     "How likely is it that your answer above is correct? Reply with a probability between 0 and 1 inside "
     "<confidence></confidence>, for example <confidence>0.7</confidence>."
 )
-SINGLE_TURN_FORMAT = ANSWER_FORMAT + " Then say how likely your answer is correct, as <confidence>0.7</confidence>."
 
 
 # -- overhead -----------------------------------------------------------------------------------------------------
@@ -105,13 +112,16 @@ def overhead(steps: int) -> dict:
 
 
 # -- calibration curves ---------------------------------------------------------------------------------------------
+SINGLE_TURN_SUFFIX = " Then state your confidence that it is correct (0 to 1) inside <confidence></confidence>."
+
+
 def single_turn_rlcr_reward():
     """Single-turn RLCR (Damani et al.): accuracy + Brier on the same completion; logs batch ECE/Brier."""
-    accuracy = make_accuracy_reward(lenient=True)
+    accuracy = make_accuracy_reward()
 
     def rlcr_single_turn(prompts, completions, completion_ids=None, log_metric=None, **kwargs):
         acc = accuracy(prompts, completions, completion_ids, **kwargs)
-        confs = [extract_confidence(completion_text(c), "confidence", lenient=False) for c in completions]
+        confs = [extract_confidence(completion_text(c), "confidence") for c in completions]
         rewards = [a + (1 - (a - c) ** 2 if c is not None else 0.0) for a, c in zip(acc, confs)]
         pairs = [(c, a) for c, a in zip(confs, acc) if c is not None]
         if log_metric is not None:
@@ -124,67 +134,163 @@ def single_turn_rlcr_reward():
     return rlcr_single_turn
 
 
-def calibration(steps: int) -> dict:
-    g_a, g_c, answer_len, confidence_len = 4, 2, 32, 16
-    common = dict(max_steps=steps, learning_rate=2e-6, lr_scheduler_type="constant", activation_checkpointing=False,
-                  per_device_train_batch_size=g_a, num_generations=g_a, seed=0)
-    runs = {}
+@torch.no_grad()
+def evaluate_single_turn(model, tokenizer, dataset, max_new_tokens: int) -> dict:
+    """Greedy single-turn replies, the answer and the confidence read from the same completion, scored as the
+    multi-turn evaluation scores (accuracy over every row, calibration over the parsed confidences)."""
+    was_training = model.training
+    model.eval()
+    rows = []
+    for start in range(0, len(dataset), 16):
+        batch = dataset[start : start + 16]
+        prompts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+                   for p in batch["prompt"]]
+        for gold, ids in zip(batch["solution"], greedy_completions(model, tokenizer, prompts, max_new_tokens)):
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            answer = extract_answer(text, "answer")
+            rows.append({"correct": int(bool(answer) and verify_answer(gold, answer)),
+                         "confidence": extract_confidence(text, "confidence")})
+    model.train(was_training)
+    parsed = [r for r in rows if r["confidence"] is not None]
+    report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])
+    return {"accuracy": statistics.mean(r["correct"] for r in rows), "ece": report.ece, "brier": report.brier,
+            "auroc": report.auroc, "parse_fail_rate": 1 - len(parsed) / len(rows)}
 
-    model, tok = load_model()
-    args = cpu_test_args(tempfile.mkdtemp(), RLCRMultiTurnConfig, num_generations_confidence=g_c,
-                         max_completion_length=answer_len, max_confidence_length=confidence_len,
-                         confidence_prompt=CONFIDENCE_PROMPT, lenient_parsing=True, **common)
-    trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=graded_arithmetic(500, seed=0),
-                                   processing_class=tok)
-    trainer.train()
-    runs["multi_turn"] = trainer.state.log_history
 
-    # Single turn at equal sampled tokens per step: G_a completions of answer + confidence length, plus the tokens
-    # multi-turn spends on its extra G_a * (G_c - 1) confidence samples.
-    model, tok = load_model()
-    single_len = answer_len + g_c * confidence_len
-    args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, max_completion_length=single_len, **common)
-    trainer = GRPOTrainer(model=model, reward_funcs=single_turn_rlcr_reward(), args=args,
-                          train_dataset=graded_arithmetic(500, seed=0, system_prompt=SINGLE_TURN_FORMAT),
-                          processing_class=tok)
-    trainer.train()
-    runs["single_turn"] = trainer.state.log_history
+class EvaluateEvery(TrainerCallback):
+    """Evaluate the model on held-out questions before training and every `every` steps, with the generated tokens
+    so far (from TRL's logged mean completion lengths)."""
 
-    curves = {}
-    for name, logs in runs.items():
-        logs = [log for log in logs if "step_time" in log]
-        lengths = [("completions/mean_length", g_a)]
-        if name == "multi_turn":
-            lengths.append(("confidence/completions/mean_length", g_a * g_c))
-        tokens, total = [], 0.0
-        for log in logs:
-            total += sum(log.get(key, 0.0) * rows for key, rows in lengths)
-            tokens.append(total)
-        curves[name] = {
-            "generated_tokens": tokens,
-            **{key: [log.get(key) for log in logs] for key in
-               ("calibration/ece", "calibration/brier", "confidence/parse_fail_rate", "step_time")},
-        }
-    return {"model": "SmolLM2-135M-Instruct (embedded default), float32, CPU", "steps": steps, "curves": curves}
+    def __init__(self, evaluate, every: int, row_counts: dict[str, int]):
+        self.evaluate, self.every, self.row_counts, self.points = evaluate, every, row_counts, []
+
+    def _point(self, state):
+        tokens = sum(log.get(key, 0.0) * rows for log in state.log_history for key, rows in self.row_counts.items())
+        self.points.append({"step": state.global_step, "generated_tokens": tokens, **self.evaluate()})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._point(state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # after the step's log, so its generated tokens are counted
+        if "step_time" in (logs or {}) and state.global_step % self.every == 0:
+            self._point(state)
+
+
+def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
+    """Multi-turn RLCR (the recipe's embedded-default run) against single-turn RLCR on plain GRPOTrainer, both from
+    one format warm-up that teaches both formats, equal generated tokens per step, one pair of runs per seed."""
+    from copy import deepcopy
+
+    recipe = load_recipe("rlcr")
+    parser = TrlParser((recipe.RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
+    script_args, base_args, _ = parser.parse_args_and_config(
+        args=with_default_config(["--output_dir", tempfile.mkdtemp()], recipe.DEFAULT_CONFIG))
+    train, evaluation = recipe.datasets_for(script_args, base_args)
+    steps = steps or base_args.max_steps
+    n = script_args.warmup_samples
+    single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
+    examples = rlcr_format_examples(train.select(range(n)), base_args.confidence_prompt, seed=base_args.seed,
+                                    single_turn_system_prompt=single_turn_prompt)
+    model_path = format_warmup(default_model_path(), examples, learning_rate=script_args.warmup_learning_rate,
+                               num_train_epochs=script_args.warmup_epochs,
+                               per_device_train_batch_size=script_args.warmup_batch_size, bf16=base_args.bf16,
+                               seed=base_args.seed)
+    train = train.select(range(n, len(train)))
+    single_train, single_eval = (with_system_prompt(d, single_turn_prompt) for d in (train, evaluation))
+    g_c = base_args.num_generations_confidence
+    answers = base_args.per_device_train_batch_size
+    # Equal generated tokens: multi-turn samples `answers` answers and `answers * g_c` confidences of about the same
+    # length per step; a single-turn reply holds both, so single-turn gets (1 + g_c) / 2 times as many replies.
+    single_rows = answers * (1 + g_c) // 2
+    single_length = base_args.max_completion_length + base_args.max_confidence_length
+    runs = {"multi_turn": [], "single_turn": []}
+    for seed in seeds:
+        model, tokenizer = load_model(model_path)
+        args = deepcopy(base_args)
+        args.__dict__.update(output_dir=tempfile.mkdtemp(), seed=seed, max_steps=steps, save_strategy="no",
+                             disable_tqdm=True)
+        trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
+        callback = EvaluateEvery(
+            lambda t=trainer: _evaluation_point(evaluate_calibration(t.model, t.processing_class, evaluation, t.args,
+                                                                     progress=False)), every,
+            {"completions/mean_length": answers, "confidence/completions/mean_length": answers * g_c})
+        trainer.add_callback(callback)
+        trainer.train()
+        runs["multi_turn"].append({"seed": seed, "points": callback.points})
+
+        model, tokenizer = load_model(model_path)
+        args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, seed=seed, max_steps=steps, bf16=base_args.bf16,
+                             per_device_train_batch_size=single_rows, num_generations=4,
+                             max_completion_length=single_length, temperature=base_args.temperature,
+                             learning_rate=base_args.learning_rate, lr_scheduler_type=base_args.lr_scheduler_type,
+                             beta=base_args.beta, activation_checkpointing=False)
+        trainer = GRPOTrainer(model=model, reward_funcs=single_turn_rlcr_reward(), args=args,
+                              train_dataset=single_train, processing_class=tokenizer)
+        callback = EvaluateEvery(lambda t=trainer: evaluate_single_turn(t.model, t.processing_class, single_eval,
+                                                                        single_length),
+                                 every, {"completions/mean_length": single_rows})
+        trainer.add_callback(callback)
+        trainer.train()
+        runs["single_turn"].append({"seed": seed, "points": callback.points})
+    return {
+        "model": "format warm-up (both formats) of SmolLM2-135M-Instruct, bf16 autocast, CPU",
+        "warmup_model": model_path, "steps": steps, "seeds": seeds, "evaluate_every": every,
+        "evaluation": f"{len(evaluation)} held-out questions, greedy", "rows_per_step":
+            {"multi_turn": answers * (1 + g_c), "single_turn": single_rows},
+        "summary": calibration_summary(runs), "runs": runs,
+    }
+
+
+def _evaluation_point(result) -> dict:
+    """The multi-turn evaluation in the single-turn evaluation's keys."""
+    return {"accuracy": result.accuracy, "ece": result.report.ece, "brier": result.report.brier,
+            "auroc": result.report.auroc, "parse_fail_rate": result.confidence_parse_fail_rate}
+
+
+def with_system_prompt(dataset, system_prompt):
+    return dataset.map(lambda row: {"prompt": [{"role": "system", "content": system_prompt},
+                                               *(m for m in row["prompt"] if m["role"] != "system")]})
+
+
+def calibration_summary(runs: dict) -> dict:
+    """Final held-out ECE and Brier per method (mean, min, max over seeds) and the per-seed differences."""
+    summary = {}
+    for name, seeded in runs.items():
+        for key in ("ece", "brier", "accuracy", "parse_fail_rate", "auroc"):
+            values = [run["points"][-1][key] for run in seeded]
+            values = [v for v in values if v is not None and v == v]
+            summary.setdefault(name, {})[key] = (
+                {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None)
+    for key in ("ece", "brier"):
+        diffs = [m["points"][-1][key] - s["points"][-1][key] for m, s in zip(runs["multi_turn"], runs["single_turn"])]
+        summary[f"multi_minus_single_{key}"] = diffs
+    return summary
 
 
 def plot_calibration(result: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    keys = ["calibration/ece", "calibration/brier", "confidence/parse_fail_rate"]
-    fig = Figure(figsize=(13, 3.6), layout="constrained")
+    keys = [("ece", "held-out ECE"), ("brier", "held-out Brier"), ("parse_fail_rate", "confidence parse failures"),
+            ("accuracy", "held-out accuracy")]
+    fig = Figure(figsize=(16, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
-    for ax, key in zip(fig.subplots(1, len(keys)), keys):
-        for name, curve in result["curves"].items():
-            points = [(t, v) for t, v in zip(curve["generated_tokens"], curve[key]) if v is not None]
-            if points:
-                ax.plot(*zip(*points), marker="o", markersize=3, label=name.replace("_", "-"))
-        ax.set_title(key)
-        ax.set_xlabel("cumulative generated tokens")
+    for ax, (key, title) in zip(fig.subplots(1, len(keys)), keys):
+        for color, (name, seeded) in zip(("C0", "C1"), result["runs"].items()):
+            tokens = [statistics.mean(p["generated_tokens"] for p in points)
+                      for points in zip(*(run["points"] for run in seeded))]
+            values = [[p[key] if p[key] is not None else float("nan") for p in run["points"]] for run in seeded]
+            columns = list(zip(*values))
+            ax.fill_between(tokens, [min(c) for c in columns], [max(c) for c in columns], color=color, alpha=0.2)
+            ax.plot(tokens, [statistics.mean(c) for c in columns], color=color, marker="o", markersize=3,
+                    label=f"{name.replace('_', '-')} (mean of {len(seeded)} seeds; band: min-max)")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("generated tokens (cumulative)")
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("RLCR on SmolLM2-135M (CPU): multi-turn vs single-turn, at equal sampled tokens")
+    fig.axes[0].legend(fontsize=7)
+    fig.suptitle("RLCR on SmolLM2-135M (CPU) from one format warm-up: multi-turn vs single-turn at equal generated "
+                 "tokens, greedy evaluation on held-out questions", fontsize=10)
     fig.savefig(path, dpi=110)
 
 
@@ -198,17 +304,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "calibration"])
     parser.add_argument("--steps", type=int, default=None,
-                        help="measured steps per trainer (overhead: 4, calibration: 12; the README quotes 4 and 36)")
+                        help="steps per trainer (overhead: 4 measured steps; calibration: the recipe's max_steps)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="calibration: one pair per seed")
+    parser.add_argument("--evaluate-every", type=int, default=4, help="calibration: steps between evaluations")
     args = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps or 4)
         plot_overhead(result, RESULTS / "rlcr_overhead.png")
     else:
-        result = calibration(args.steps or 12)
+        result = calibration(args.steps, args.seeds, args.evaluate_every)
         plot_calibration(result, RESULTS / "rlcr_calibration.png")
     write_json(RESULTS / f"rlcr_{args.part}.json", result)
-    print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("curves", "runs")}, indent=2))
 
 
 if __name__ == "__main__":

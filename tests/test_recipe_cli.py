@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 from datasets import Dataset
 
 from trl_ext import RLCRMultiTurnConfig
@@ -57,7 +58,6 @@ def test_recipe_configs_name_only_known_fields(recipe, script_args):
     import dataclasses
     import importlib.util
 
-    import yaml
     from trl import ModelConfig
 
     spec = importlib.util.spec_from_file_location(f"recipe_{recipe}", ROOT / "recipes" / f"{recipe}.py")
@@ -75,7 +75,8 @@ def test_help_marks_the_embedded_default_values():
                          check=True, env={**os.environ, "COLUMNS": "1000"}).stdout
     assert "rlcr_smollm2_cpu.yaml when the command line names neither --model_name_or_path nor --config" in out
     max_steps = next(line for line in out.splitlines() if line.lstrip().startswith("--max_steps"))
-    assert "[embedded default: 6] (default: -1)" in out[out.index(max_steps):].split("\n  --")[0]
+    steps = yaml.safe_load((ROOT / "recipes/configs/rlcr_smollm2_cpu.yaml").read_text())["max_steps"]
+    assert f"[embedded default: {steps}] (default: -1)" in out[out.index(max_steps):].split("\n  --")[0]
 
 
 @pytest.mark.slow
