@@ -260,6 +260,24 @@ def test_state_that_does_not_fit_the_trainer_is_a_clear_error(trained, tmp_path,
         trainer._load_optimizer_and_scheduler(str(tmp_path))
 
 
+def test_resuming_from_a_checkpoint_with_a_crafted_legacy_file_refuses_it_without_running(trained, tmp_path):
+    """The user's path: `train(resume_from_checkpoint=...)` on an old checkpoint (a `replay_state.pt`, no new-format
+    files) whose pickle would run a command."""
+    _, out = trained
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    shutil.copytree(out / "checkpoint-1", checkpoint)
+    for name in ("replay_state.json", "replay_state.safetensors"):  # an earlier version wrote neither
+        (checkpoint / name).unlink()
+    marker = tmp_path / "ran"
+    torch.save({"experience": RunsCommand(marker), "replay_active": True}, checkpoint / "replay_state.pt")
+    resumed = replay_trainer(tmp_path / "run", max_steps=2)
+    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt was refused.*nothing in it was run") as info:
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert str(checkpoint / "replay_state.pt") in str(info.value) and "resume_from_checkpoint" in str(info.value)
+    assert not marker.exists()
+    assert checkpoints(tmp_path / "run") == ["checkpoint-1"]  # no step was trained
+
+
 # -- RLCRMultiTurnTrainer: no state of its own, the same guarantees ---------------------------------------------------
 def rlcr_trainer(output_dir, **overrides):
     model, tokenizer = tiny_causal_lm(seed=1)
