@@ -310,3 +310,11 @@ def test_rlcr_failed_save_keeps_the_previous_checkpoint_and_resume_skips_incompl
     monkeypatch.setattr(resumed, "_load_from_checkpoint", lambda folder, *a: loaded.append(folder) or load(folder, *a))
     resumed.train(resume_from_checkpoint=True)
     assert loaded == [str(previous)] and resumed.state.global_step == 2
+
+
+def test_legacy_state_that_does_not_fit_the_trainer_names_the_legacy_file(trained, tmp_path, monkeypatch):
+    trainer, _ = trained
+    torch.save({"experience": {}, "replay_active": True}, tmp_path / "replay_state.pt")
+    monkeypatch.setattr(GRPOTrainer, "_load_optimizer_and_scheduler", lambda self, checkpoint: None)
+    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt does not hold the state ReplayGRPOTrainer"):
+        trainer._load_optimizer_and_scheduler(str(tmp_path))

@@ -271,6 +271,8 @@ class CheckpointStateMixin:
                 self.load_checkpoint_state(state)
             except (KeyError, TypeError, ValueError, AttributeError) as error:
                 path = state_paths(checkpoint, self.checkpoint_state_name)[0]
+                if not os.path.exists(path):  # the state came from the legacy file
+                    path = os.path.join(checkpoint, self.checkpoint_state_legacy_file)
                 raise CheckpointStateError(
                     f"{path} does not hold the state {owner} expects ({error!r}): it is corrupt or was written by "
                     f"another trainer. {_restart_hint(owner)}"
