@@ -31,6 +31,9 @@ ROOT = os.getuid() == 0
 NOBODY = 65534
 SANDBOX_UID = NOBODY if ROOT else os.getuid()  # the uid snippets run as
 REPO = Path(__file__).resolve().parents[1]
+# A checkout under a directory the sandbox replaces (its private /tmp) or hides is invisible to snippets: attacks on
+# it then fail with FileNotFoundError, and the sentinels go to /srv, which snippets see read-only like any host path.
+REPO_HIDDEN = any(REPO.is_relative_to(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run"))
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux namespaces and rlimits")
 
 
@@ -81,9 +84,12 @@ def contacted(sockets: dict[str, socket.socket]) -> list[str]:
 # case (`contained`), so damage is caught whichever case does it.
 @pytest.fixture(scope="module", autouse=True)
 def sentinels():
-    """Files the snippets attack. They live inside the project (visible to the sandbox, unlike /tmp): a root-owned
-    0600 secret, a world-readable file, and a world-writable directory with a world-writable file in it."""
-    base = REPO / f".sandbox-sentinels-{uuid.uuid4().hex[:8]}"
+    """Files the snippets attack. They live inside the project (visible to the sandbox, unlike /tmp; /srv when the
+    project itself is under /tmp): a root-owned 0600 secret, a world-readable file, and a world-writable directory
+    with a world-writable file in it."""
+    parent = Path("/srv") if REPO_HIDDEN else REPO
+    parent.mkdir(exist_ok=True)
+    base = parent / f".sandbox-sentinels-{uuid.uuid4().hex[:8]}"
     base.mkdir(mode=0o755)
     os.chmod(base, 0o755)
     (base / "secret.txt").write_text("TOP SECRET")
@@ -338,8 +344,9 @@ def test_write_into_world_writable_directory(sentinels):
 
 
 def test_write_into_project():
-    fails(f"open('{REPO}/README.md', 'a').write('pwned')", "Read-only file system", "PermissionError")
-    fails(f"open('{REPO}/trl_ext/pwned.py', 'w').write('import os')", "Read-only file system", "PermissionError")
+    reasons = ("Read-only file system", "PermissionError") + (("FileNotFoundError",) if REPO_HIDDEN else ())
+    fails(f"open('{REPO}/README.md', 'a').write('pwned')", *reasons)
+    fails(f"open('{REPO}/trl_ext/pwned.py', 'w').write('import os')", *reasons)
     assert not (REPO / "trl_ext" / "pwned.py").exists()
 
 
@@ -364,7 +371,8 @@ def test_tmp_is_private():
 def test_delete_files(sentinels):
     fails(f"import os\nos.remove('{sentinels}/open/victim.txt')", "Read-only file system")
     fails(f"import shutil\nshutil.rmtree('{sentinels}')", "Read-only file system", "PermissionError")
-    fails(f"import os\nos.chmod('{REPO}/README.md', 0o777)", "Read-only file system", "PermissionError")
+    fails(f"import os\nos.chmod('{REPO}/README.md', 0o777)", "Read-only file system", "PermissionError",
+          *(("FileNotFoundError",) if REPO_HIDDEN else ()))
     assert (sentinels / "open" / "victim.txt").read_text() == "victim"
 
 
