@@ -20,6 +20,7 @@ from pathlib import Path
 from datasets import Dataset, load_dataset
 from trl import ScriptArguments
 
+from .curves import plot_logged
 from .default_model import default_model_path
 from .rewards.functions import is_missing
 
@@ -391,12 +392,7 @@ def plot_learning_curves(log_history: list[dict], keys: Sequence[str], path: str
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(keys), squeeze=False)[0]
     for ax, key in zip(axes, keys):
-        points = [(log["step"], log[key]) for log in log_history if isinstance(log.get(key), (int, float))]
-        points = [(s, v) for s, v in points if math.isfinite(v)]
-        if points:
-            ax.plot(*zip(*points), marker="o", markersize=3)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        plot_logged(ax, log_history, key)
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

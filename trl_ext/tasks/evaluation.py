@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..curves import plot_logged
 from ..greedy import greedy_completions
 from .base import Conversation, TaskFamily
 
@@ -152,12 +153,7 @@ def plot_heldout_accuracy(evaluations: dict[str, SolverEvaluation], log_history:
     bars.set_ylabel(f"held-out accuracy ({first.reward})")
     bars.legend(fontsize=8)
     bars.grid(axis="y", alpha=0.3)
-    points = [(log["step"], log[curve]) for log in log_history if isinstance(log.get(curve), (int, float))]
-    points = [(s, v) for s, v in points if math.isfinite(v)]
-    if points:
-        line.plot(*zip(*points), marker="o", markersize=3)
-    else:
-        line.text(0.5, 0.5, "not logged", ha="center", va="center", transform=line.transAxes)
+    plot_logged(line, log_history, curve)
     line.set_ylim(-0.05, 1.05)
     line.set_title(curve, fontsize=9)
     line.set_xlabel("step")
