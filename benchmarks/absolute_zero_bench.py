@@ -22,7 +22,6 @@ repropose attempts; and the solver's greedy accuracy on the family's held-out qu
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import sys
@@ -30,9 +29,11 @@ import tempfile
 from pathlib import Path
 
 from common import (
+    ROOT,
     fixed_length,
     interleaved_step_times,
     load_model,
+    load_recipe,
     machine_load,
     plot_step_times,
     summarize,
@@ -47,7 +48,6 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).parent.parent
 
 
 def overhead(steps: int) -> dict:
@@ -117,10 +117,7 @@ def results_name(task: str, part: str) -> str:
 
 
 def curves(steps: int | None, task: str) -> dict:
-    spec = importlib.util.spec_from_file_location("absolute_zero_recipe", ROOT / "recipes" / "absolute_zero.py")
-    recipe = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = recipe  # its dataclasses look their module up
-    spec.loader.exec_module(recipe)
+    recipe = load_recipe("absolute_zero")
     output_dir = Path(tempfile.mkdtemp())
     argv = ["--config", str(ROOT / "recipes" / "configs" / CPU_CONFIGS[task]), "--output_dir", str(output_dir)]
     argv += ["--max_steps", str(steps)] if steps is not None else []

@@ -40,16 +40,24 @@ def load_recipe(name: str):
     return module
 
 
-def rlcr_cpu_warmup() -> tuple[str, str]:
-    """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default, built (once, cached)
-    exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
-    from trl_ext.recipe import resolve_model, with_default_config
+def rlcr_cpu_run():
+    """`(recipe module, script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the
+    embedded default: its config parsed and its datasets built as the recipe does."""
+    from trl_ext.recipe import with_default_config
 
     recipe = load_recipe("rlcr")
     parser = TrlParser((recipe.RLCRScriptArguments, recipe.RLCRMultiTurnConfig, ModelConfig))
     script_args, training_args, _ = parser.parse_args_and_config(
         args=with_default_config(["--output_dir", tempfile.mkdtemp()], recipe.DEFAULT_CONFIG))
-    train, _ = recipe.datasets_for(script_args, training_args)
+    return (recipe, script_args, training_args, *recipe.datasets_for(script_args, training_args))
+
+
+def rlcr_cpu_warmup() -> tuple[str, str]:
+    """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default, built (once, cached)
+    exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
+    from trl_ext.recipe import resolve_model
+
+    recipe, script_args, training_args, train, _ = rlcr_cpu_run()
     path, _, _ = recipe.warm_up(resolve_model(None), train, script_args, training_args)
     return path, script_args.system_prompt
 

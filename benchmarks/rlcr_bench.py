@@ -34,19 +34,19 @@ from common import (
     fixed_length,
     interleaved_step_times,
     load_model,
-    load_recipe,
     machine_load,
     plot_step_times,
+    rlcr_cpu_run,
     summarize,
 )
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
+from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import default_model_path
 from trl_ext.calibration import brier_score, calibration_report, expected_calibration_error
 from trl_ext.data import graded_arithmetic
 from trl_ext.greedy import greedy_completions
-from trl_ext.recipe import with_default_config, write_json
+from trl_ext.recipe import write_json
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.rewards.parsing import completion_text
 from trl_ext.rlcr_evaluation import evaluate_calibration
@@ -182,11 +182,7 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     one format warm-up that teaches both formats, equal generated tokens per step, one pair of runs per seed."""
     from copy import deepcopy
 
-    recipe = load_recipe("rlcr")
-    parser = TrlParser((recipe.RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
-    script_args, base_args, _ = parser.parse_args_and_config(
-        args=with_default_config(["--output_dir", tempfile.mkdtemp()], recipe.DEFAULT_CONFIG))
-    train, evaluation = recipe.datasets_for(script_args, base_args)
+    _, script_args, base_args, train, evaluation = rlcr_cpu_run()
     steps = steps or base_args.max_steps
     n = script_args.warmup_samples
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
