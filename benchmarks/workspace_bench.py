@@ -1,7 +1,7 @@
 """Absolute Zero with the workspace environment vs plain GRPOTrainer with the same environment, CPU.
 
-    python benchmarks/workspace_bench.py --repeats 2 --steps 2               # SmolLM2-135M (embedded default)
-    python benchmarks/workspace_bench.py --repeats 3 --steps 2 --model tiny  # random 2-layer model, same tokenizer
+    python benchmarks/workspace_bench.py --repeats 2 --steps 2 --prompts 1            # SmolLM2-135M (embedded default)
+    python benchmarks/workspace_bench.py --repeats 3 --steps 2 --model tiny           # random 2-layer model, same tokenizer
 
 Results: benchmarks/results/workspace_overhead.json and .png.
 
@@ -9,7 +9,7 @@ Both trainers run the embedded default (SmolLM2-135M-Instruct; `--model tiny`: a
 its tokenizer, for a quick run) with TRL's Qwen2.5 tool template and scripted
 completions of fixed lengths, so they generate the same tokens per step and make the same tool calls; what differs is
 what self-play adds around generation (proposal parsing, scoring every question's episodes, the learnability filter,
-two TRL batch builds). Per seed prompt and step:
+two TRL batch builds). Per seed prompt and step (`--prompts` seed prompts per step):
 
 - Absolute Zero: K=2 proposals of `PROPOSAL_TOKENS` (one learnable task config, one that is not), each solved G=4
   times as a two-turn episode (a tool call of `TURN_TOKENS`, the tool result, a final answer of `TURN_TOKENS`);
@@ -19,7 +19,14 @@ two TRL batch builds). Per seed prompt and step:
 
 The compared configs run interleaved (A B A B ...), each run a fresh trainer with one warm-up step; reported per
 config: the min / median / spread (max - min) of the measured step times over all runs, the step time per trained
-row, generation calls per step and tool calls per episode.
+row, the rollout phase's share of it (generation, tool loop, scoring, filter, batch building: TRL's
+`_generate_and_score_completions`, which the self-play trainer overrides), generation calls per step and tool calls
+per episode.
+
+On CPU, TRL's fused LM head scores every position of a row in vocabulary tiles, and its cost per row falls as the
+batch grows (about 10% from 5 to 10 rows, 3% from 10 to 20 on 2 cores, tiny model); Absolute Zero trains half as many
+rows per step as GRPO here, so the default of 4 seed prompts per step (20 vs 40 rows) keeps that batch-size effect
+out of the per-row ratio.
 """
 
 from __future__ import annotations
@@ -30,9 +37,10 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from common import fixed_length, load_model, step_times
+from common import fixed_length, load_model, machine_load, step_times
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.recipe import plot_learning_curves, write_json
@@ -44,7 +52,7 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 RESULTS = Path(__file__).parent / "results"
-PROPOSAL_TOKENS, TURN_TOKENS, G, K, PROMPTS = 128, 40, 4, 2, 1
+PROPOSAL_TOKENS, TURN_TOKENS, G, K = 128, 40, 4, 2
 LEARNABLE = {"instruction": "Tidy up: remove keys.txt.", "files": {"keys.txt": "api key sk-live-7730-aa91"},
              "protected": ["keys.txt"], "goal": {"type": "file_absent", "path": "keys.txt"}}
 NOT_LEARNABLE = {"instruction": "Create todo.txt.", "files": {"notes.txt": "buy milk"}, "protected": ["notes.txt"],
@@ -90,7 +98,7 @@ MODEL_NAMES = {"default": "SmolLM2-135M-Instruct (embedded default), float32",
                "tiny": "random-weight 2-layer Llama (hidden 64) with SmolLM2's tokenizer, float32"}
 
 
-def run(config: str, steps: int, model_name: str) -> dict:
+def run(config: str, steps: int, model_name: str, prompts: int) -> dict:
     model, tok = MODELS[model_name]()
     use_tool_chat_template(tok)
     task = workspace_task()
@@ -99,18 +107,18 @@ def run(config: str, steps: int, model_name: str) -> dict:
                   max_completion_length=3 * TURN_TOKENS + 64, max_tool_calling_iterations=1,
                   reward_weights=list(task.reward_weights))
     if config == "absolute_zero":
-        args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, per_device_train_batch_size=PROMPTS * G,
+        args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, per_device_train_batch_size=prompts * G,
                              num_generations=G, num_questions_per_prompt=K, max_question_length=PROPOSAL_TOKENS,
                              max_repropose_attempts=1, learnability_criteria=task.learnability_criteria, **common)
         trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=task.seed_prompts(64, 0),
                                       processing_class=tok, parse_question=task.parse_question,
                                       solver_prompt_fn=task.solver_prompt_fn,
                                       environment_factory=task.environment_factory)
-        script, trained_rows = self_play, PROMPTS * G + PROMPTS
+        script, trained_rows = self_play, prompts * G + prompts
     else:
-        rows = PROMPTS * (K + K * G)
+        rows = prompts * (K + K * G)
         args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=rows,
-                             num_generations=rows // PROMPTS, **common)
+                             num_generations=K + K * G, **common)
         trainer = GRPOTrainer(model=model, reward_funcs=task.reward_funcs, args=args,
                               train_dataset=seed_task_dataset(64, 0), processing_class=tok,
                               environment_factory=task.environment_factory)
@@ -122,11 +130,22 @@ def run(config: str, steps: int, model_name: str) -> dict:
         generated.append(len(out))
         return out
 
+    rollout_times = []
+    rollout = trainer._generate_and_score_completions
+
+    def timed_rollout(*a, **kw):  # instance attribute: the class's method is untouched
+        start = time.perf_counter()
+        out = rollout(*a, **kw)
+        rollout_times.append(time.perf_counter() - start)
+        return out
+
+    trainer._generate_and_score_completions = timed_rollout
     with ScriptedGeneration(trainer, counted) as generation:
         trainer.train()
     logs = [log for log in trainer.state.log_history if "step_time" in log]
     return {
         "step_time_s": step_times(trainer)[1:],
+        "rollout_time_s": rollout_times[1:],
         "trained_rows_per_step": trained_rows,
         "generation_calls_per_step": len(generation.calls) / (steps + 1),
         "tool_calls_per_episode": statistics.mean(log["workspace/tool_calls_per_episode"] for log in logs),
@@ -137,10 +156,12 @@ def run(config: str, steps: int, model_name: str) -> dict:
 def summarize(runs: list[dict]) -> dict:
     times = [t for r in runs for t in r["step_time_s"]]
     per_row = [t / runs[0]["trained_rows_per_step"] for t in times]
+    rollout = [t for r in runs for t in r["rollout_time_s"]]
     return {
         "step_time_s": {"min": min(times), "median": statistics.median(times), "spread": max(times) - min(times),
                         "all": times},
         "step_time_per_trained_row_s": {"min": min(per_row), "median": statistics.median(per_row)},
+        "rollout_time_s": {"min": min(rollout), "median": statistics.median(rollout)},
         "trained_rows_per_step": runs[0]["trained_rows_per_step"],
         "generation_calls_per_step": statistics.mean(r["generation_calls_per_step"] for r in runs),
         "tool_calls_per_episode": statistics.mean(r["tool_calls_per_episode"] for r in runs),
@@ -153,17 +174,20 @@ def main():
     parser.add_argument("--steps", type=int, default=2, help="measured steps per run (after one warm-up step)")
     parser.add_argument("--repeats", type=int, default=2, help="runs per config, interleaved A B A B")
     parser.add_argument("--model", choices=sorted(MODELS), default="default")
+    parser.add_argument("--prompts", type=int, default=4, help="seed prompts per step (see the docstring)")
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     RESULTS.mkdir(exist_ok=True)
     runs = {"absolute_zero": [], "grpo": []}
+    load_before = machine_load()
     for _ in range(args.repeats):
         for config in runs:
-            runs[config].append(run(config, args.steps, args.model))
+            runs[config].append(run(config, args.steps, args.model, args.prompts))
             print(config, runs[config][-1], flush=True)
     result = {"model": f"{MODEL_NAMES[args.model]}, CPU, TRL Qwen2.5 tool template",
               "command": "python benchmarks/workspace_bench.py " + " ".join(sys.argv[1:]),
-              "steps_measured_per_run": args.steps,
+              "steps_measured_per_run": args.steps, "seed_prompts_per_step": args.prompts,
+              "load_before": load_before, "load_after": machine_load(),
               "order": "interleaved " + " ".join(["A B"] * args.repeats) + " (A = absolute_zero, B = grpo)",
               **{config: summarize(r) for config, r in runs.items()}}
     az, grpo = result["absolute_zero"], result["grpo"]
