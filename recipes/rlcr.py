@@ -22,6 +22,7 @@ from trl_ext.calibration import plot_reliability_diagrams, reliability_diagram
 from trl_ext.data import graded_arithmetic
 from trl_ext.data.arithmetic import ANSWER_FORMAT
 from trl_ext.recipe import (
+    FormatWarmupArguments,
     RecipeScriptArguments,
     load_recipe_dataset,
     plot_learning_curves,
@@ -42,8 +43,9 @@ CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence
 
 
 @dataclass
-class RLCRScriptArguments(RecipeScriptArguments):
-    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags.
+class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
+    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags and
+    [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
 
     Parameters:
         eval_only (`bool`, *optional*, defaults to `False`):
@@ -55,13 +57,8 @@ class RLCRScriptArguments(RecipeScriptArguments):
             Rows taken off the start of the training set (never trained on by RL) for a short supervised format
             warm-up before RL: TRL's `SFTTrainer` on the answer turn (`<answer>gold</answer>`) and the confidence turn
             after it, with stated confidences drawn at random, independently of the question (see
-            [`~trl_ext.warmup`]). Built once per distinct inputs and cached like the embedded default. 0 skips it.
-        warmup_learning_rate (`float`, *optional*, defaults to `1e-4`):
-            Learning rate of the format warm-up (constant; bf16 autocast when the RL run uses bf16).
-        warmup_epochs (`float`, *optional*, defaults to `1.0`):
-            Epochs of the format warm-up over its rows (two examples per row: the answer and the confidence turn).
-        warmup_batch_size (`int`, *optional*, defaults to `8`):
-            Examples per step of the format warm-up.
+            [`~trl_ext.warmup`]), two examples per row. Built once per distinct inputs and cached like the embedded
+            default. 0 skips it.
     """
 
     eval_only: bool = field(default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."})
@@ -70,24 +67,6 @@ class RLCRScriptArguments(RecipeScriptArguments):
         metadata={"help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
                           "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."},
     )
-    warmup_samples: int = field(
-        default=0,
-        metadata={"help": "Training rows taken off the start of the training set for a supervised format warm-up "
-                          "(TRL's SFTTrainer, built once and cached) before RL; 0 skips it."},
-    )
-    warmup_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the format warm-up."})
-    warmup_epochs: float = field(default=1.0, metadata={"help": "Epochs of the format warm-up."})
-    warmup_batch_size: int = field(default=8, metadata={"help": "Batch size of the format warm-up."})
-
-    def __post_init__(self):
-        if self.warmup_samples < 0:
-            raise ValueError(f"--warmup_samples must be 0 (no warm-up) or more (got {self.warmup_samples}).")
-        if not self.warmup_learning_rate > 0:
-            raise ValueError(f"--warmup_learning_rate must be positive (got {self.warmup_learning_rate}).")
-        if not self.warmup_epochs > 0:
-            raise ValueError(f"--warmup_epochs must be positive (got {self.warmup_epochs}).")
-        if self.warmup_batch_size < 1:
-            raise ValueError(f"--warmup_batch_size must be at least 1 (got {self.warmup_batch_size}).")
 
 
 def datasets_for(script_args, training_args):

@@ -97,6 +97,24 @@ def test_changed_inputs_build_a_new_warmup(tmp_path, monkeypatch):
         format_warmup(tiny_checkpoint(tmp_path / "other", seed=1), EXAMPLES, cache_dir=cache),  # other base weights
     }
     assert len(paths) == 4 and len(builds) == 4
+    # The same settings written differently (an int from a YAML file) are the same build.
+    assert format_warmup(base, EXAMPLES, num_train_epochs=1, per_device_train_batch_size=8.0, cache_dir=cache) == first
+    assert len(builds) == 4
+
+
+def test_the_build_runs_outside_the_job_with_every_core(tmp_path, monkeypatch):
+    import subprocess
+
+    from trl_ext import warmup
+
+    seen = {}
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env, check: seen.update(env=env))
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+                        "TRL_EXT_CACHE": "/somewhere"}.items():
+        monkeypatch.setenv(name, value)
+    warmup._train_in_child("base", EXAMPLES, {}, tmp_path)
+    assert not {"RANK", "WORLD_SIZE", "ACCELERATE_USE_CPU", "OMP_NUM_THREADS"} & set(seen["env"])
+    assert seen["env"]["TRL_EXT_CACHE"] == "/somewhere"
 
 
 def test_a_missing_base_model_is_a_clear_error(tmp_path, monkeypatch):

@@ -66,6 +66,41 @@ class RecipeScriptArguments(ScriptArguments):
     num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after evaluation."})
 
 
+@dataclass
+class FormatWarmupArguments:
+    """The flags of a recipe's supervised format warm-up before RL ([`~trl_ext.warmup.format_warmup`]: TRL's
+    `SFTTrainer`, built once per distinct inputs and cached like the embedded default).
+
+    Parameters:
+        warmup_samples (`int`, *optional*, defaults to `0`):
+            Size of the warm-up: what one sample is depends on the recipe (RLCR: a training row set aside; Absolute
+            Zero workspace: a generated task config). 0 skips it.
+        warmup_learning_rate (`float`, *optional*, defaults to `1e-4`):
+            Learning rate of the format warm-up (constant; bf16 autocast when the RL run uses bf16).
+        warmup_epochs (`float`, *optional*, defaults to `1.0`):
+            Epochs of the format warm-up over its examples.
+        warmup_batch_size (`int`, *optional*, defaults to `8`):
+            Examples per step of the format warm-up.
+    """
+
+    warmup_samples: int = field(
+        default=0, metadata={"help": "Size of the supervised format warm-up before RL (see the recipe); 0 skips it."}
+    )
+    warmup_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the format warm-up."})
+    warmup_epochs: float = field(default=1.0, metadata={"help": "Epochs of the format warm-up."})
+    warmup_batch_size: int = field(default=8, metadata={"help": "Batch size of the format warm-up."})
+
+    def __post_init__(self):
+        if self.warmup_samples < 0:
+            raise ValueError(f"--warmup_samples must be 0 (no warm-up) or more (got {self.warmup_samples}).")
+        if not self.warmup_learning_rate > 0:
+            raise ValueError(f"--warmup_learning_rate must be positive (got {self.warmup_learning_rate}).")
+        if not self.warmup_epochs > 0:
+            raise ValueError(f"--warmup_epochs must be positive (got {self.warmup_epochs}).")
+        if self.warmup_batch_size < 1:
+            raise ValueError(f"--warmup_batch_size must be at least 1 (got {self.warmup_batch_size}).")
+
+
 def run_recipe(main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None) -> None:
     """Parse `(script_args_cls, config_cls, ModelConfig)` the TRL way (flags and `--config`, falling back to
     `default_config`, see [`with_default_config`]) and call `main(script_args, training_args, model_args)`.

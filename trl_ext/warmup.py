@@ -89,8 +89,9 @@ def format_warmup(
 
     Args:
         base_model: A local checkpoint directory or a Hub id.
-        examples: Conversational prompt-completion rows (`{"prompt": [...], "completion": [...]}`); the loss covers
-            the completions only (TRL's `completion_only_loss`).
+        examples: Conversational prompt-completion rows (`{"prompt": [...], "completion": [...]}`; the loss covers
+            the completions only, TRL's `completion_only_loss`) or tokenized rows (`{"input_ids": [...], "labels":
+            [...]}`, -100 on tokens outside the loss), as `SFTTrainer` reads them.
         learning_rate, num_train_epochs, per_device_train_batch_size, bf16, seed: The SFT run's settings
             (constant learning rate, no checkpoints, float32 weights; `bf16` trains with bf16 autocast, which CPUs
             with AVX512-BF16 or AMX also run faster).
@@ -111,8 +112,9 @@ def format_warmup(
     """
     if not examples:
         raise ValueError("format_warmup needs at least one example.")
-    settings = {"learning_rate": learning_rate, "num_train_epochs": num_train_epochs,
-                "per_device_train_batch_size": per_device_train_batch_size, "bf16": bf16, "seed": seed}
+    # Typed, so the same settings give the same key however they were written (`1` in a YAML file, `1.0` in code).
+    settings = {"learning_rate": float(learning_rate), "num_train_epochs": float(num_train_epochs),
+                "per_device_train_batch_size": int(per_device_train_batch_size), "bf16": bool(bf16), "seed": int(seed)}
     key = _cache_key(_base_fingerprint(base_model), list(examples), settings)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "warmup"
     target = root / f"{_short_name(base_model)}-{key[:16]}"
@@ -175,7 +177,10 @@ def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: 
 
     spec = out / ".warmup-spec.json"
     spec.write_text(json.dumps({"base_model": base_model, "examples": examples, "settings": settings}))
-    env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_ENV and not k.startswith("ACCELERATE_")}
+    # The other ranks wait on the lock meanwhile, so the build may use every core: `accelerate launch` on CPU sets
+    # OMP_NUM_THREADS=1 for the job's processes.
+    env = {k: v for k, v in os.environ.items()
+           if k not in (*_DISTRIBUTED_ENV, "OMP_NUM_THREADS") and not k.startswith("ACCELERATE_")}
     try:
         subprocess.run([sys.executable, "-m", "trl_ext.warmup", str(spec), str(out)], env=env, check=True)
     except subprocess.CalledProcessError as error:
@@ -221,7 +226,7 @@ def _write_card(base_model: str, num_examples: int, settings: dict, out: Path) -
     base = resolve_base_model(base_model)[0]
     data = ModelCardData(base_model=base, library_name="transformers", tags=["trl", "sft", "trl-ext-format-warmup"])
     text = (f"# Format warm-up of {base or base_model}\n\nSupervised fine-tuning with TRL's `SFTTrainer` on "
-            f"{num_examples} prompt-completion examples of the answer and confidence format "
+            f"{num_examples} prompt-completion examples of an output format "
             f"(`trl_ext.warmup.format_warmup`; settings: {json.dumps(settings)}).\n")
     ModelCard(f"---\n{data.to_yaml()}\n---\n\n{text}").save(out / "README.md")
 
