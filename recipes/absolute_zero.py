@@ -25,6 +25,7 @@ learnable ratio per step).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from transformers import AutoTokenizer
 from trl import get_peft_config
 
 from trl_ext.recipe import (
+    FormatWarmupArguments,
     RecipeScriptArguments,
     load_recipe_dataset,
     plot_learning_curves,
@@ -45,8 +47,10 @@ from trl_ext.rewards import LLMJudge
 from trl_ext.tasks import arithmetic_task, code_reasoning_task, evaluate_solver, workspace_task
 from trl_ext.tasks.evaluation import plot_heldout_accuracy
 from trl_ext.tasks.workspace import render_judge_request
+from trl_ext.tasks.workspace_warmup import workspace_format_examples
 from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
+from trl_ext.warmup import format_warmup
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "absolute_zero_smollm2_cpu.yaml"
@@ -63,9 +67,9 @@ CURVES = {
 
 
 @dataclass
-class AbsoluteZeroScriptArguments(RecipeScriptArguments):
+class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags (no answer column is
-    needed: gold answers come from the proposals).
+    needed: gold answers come from the proposals) and [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
 
     Parameters:
         task (`str`, *optional*, defaults to `"arithmetic"`):
@@ -105,6 +109,12 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
             and after training, scored by the family's correctness reward. Unset: the family's default (arithmetic
             50 of at most 600, code all 24 built-in tasks). 0 skips the evaluation; the workspace family has none
             (its solver needs TRL's tool loop).
+        warmup_samples (`int`, *optional*, defaults to `0`):
+            Workspace family: generated task configs for a supervised format warm-up before self-play, two examples
+            each (proposer: the task config in `<question>` tags; solver: an episode of one tool call, the goal action
+            (probability 0.7) or a look drawn independently of safety, and a short answer; see
+            [`~trl_ext.tasks.workspace_warmup`]). Built once per distinct inputs and cached like the embedded
+            default. 0 skips it.
     """
 
     task: str = field(default="arithmetic", metadata={"help": "Task family.", "choices": list(TASKS)})
@@ -131,6 +141,7 @@ class AbsoluteZeroScriptArguments(RecipeScriptArguments):
     )
 
     def __post_init__(self):
+        super().__post_init__()
         if self.heldout_size is not None and self.heldout_size < 0:
             raise ValueError(f"--heldout_size must be 0 (no held-out evaluation) or more (got {self.heldout_size}).")
 
@@ -183,6 +194,21 @@ def check_tool_template_prompts(task, *datasets):
                     "give it Qwen's default one; set --system_prompt (for a question column or string prompts) or "
                     "start each `prompt` conversation with a system message."
                 )
+
+
+def warm_up(model_path, tokenizer, task, script_args, training_args):
+    """The workspace family's format warm-up of `model_path` (examples rendered with `tokenizer`'s chat template):
+    `(checkpoint, report)`."""
+    if task.name != "workspace":
+        raise ValueError(f"--warmup_samples: the {task.name} family has no format warm-up (the workspace family has).")
+    examples = workspace_format_examples(tokenizer, script_args.warmup_samples, seed=training_args.seed)
+    started = time.monotonic()
+    path = format_warmup(model_path, examples, learning_rate=script_args.warmup_learning_rate,
+                         num_train_epochs=script_args.warmup_epochs,
+                         per_device_train_batch_size=script_args.warmup_batch_size, bf16=training_args.bf16,
+                         seed=training_args.seed)
+    return path, {"model": path, "tasks": script_args.warmup_samples, "examples": len(examples),
+                  "seconds": time.monotonic() - started}
 
 
 def heldout_set(task, script_args, seed):
@@ -241,6 +267,7 @@ def card_results(log_history, task_name, heldout=None):
 
 
 def main(script_args, training_args, model_args):
+    started = time.monotonic()
     task = build_task(script_args)
     questions = heldout_set(task, script_args, training_args.seed)
     output_dir = Path(training_args.output_dir)
@@ -253,6 +280,9 @@ def main(script_args, training_args, model_args):
     if tool_template:
         use_tool_chat_template(tokenizer)
     train, evaluation = seed_datasets(script_args, training_args, task, tool_template)
+    warmup = None
+    if script_args.warmup_samples:
+        model_path, warmup = warm_up(model_path, tokenizer, task, script_args, training_args)
     if training_args.reward_weights is None and task.reward_weights is not None:
         training_args.reward_weights = list(task.reward_weights)
     if training_args.learnability_criteria is None and task.learnability_criteria is not None:
@@ -285,7 +315,9 @@ def main(script_args, training_args, model_args):
         heldout["before"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "before")
     trainer.accelerator.wait_for_everyone()
 
+    clock = time.monotonic()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    seconds = {"self-play": time.monotonic() - clock}
     save_final_model(trainer, training_args.output_dir)
 
     if trainer.accelerator.is_main_process:
@@ -300,6 +332,11 @@ def main(script_args, training_args, model_args):
         per_type = sorted({key for log in steps for key in log if key.count("/") == 2 and key.startswith("task/")})
         summary = {key: [log.get(key) for log in steps] for key in curves + per_type}
         report = {"model": model_path, "task": task.name, "per_step": summary}
+        if warmup is not None:
+            report["warmup"] = warmup
+            seconds["format warm-up"] = warmup["seconds"]
+        seconds["total"] = time.monotonic() - started
+        report["seconds"] = seconds
         if heldout:
             report["heldout"] = {"seed": training_args.seed, **{k: v.to_dict() for k, v in heldout.items()}}
         write_json(output_dir / "metrics.json", {**report, "train_log": trainer.state.log_history})
@@ -313,6 +350,8 @@ def main(script_args, training_args, model_args):
             plots.append("heldout_accuracy.png (held-out accuracy before/after, learnable ratio per step)")
         elif questions is not None:
             print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
+        print(f"time: {seconds['total'] / 60:.1f} min ("
+              + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total") + ")")
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
                      card_results(trainer.state.log_history, task.name, heldout))

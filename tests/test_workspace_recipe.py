@@ -57,18 +57,24 @@ def test_workspace_self_play_end_to_end(recipe, tmp_path, monkeypatch):
             ScriptedGeneration(self, script).__enter__()
 
     monkeypatch.setattr(recipe, "AbsoluteZeroTrainer", ScriptedTrainer)
+    monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     argv = ["--config", str(ROOT / "recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml"),
             "--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"), "--tool_chat_template", "true",
             "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
             "--num_questions_per_prompt", "2", "--max_question_length", "96", "--max_completion_length", "128",
-            "--lenient_parsing", "false"]
+            "--lenient_parsing", "false", "--warmup_samples", "2", "--warmup_batch_size", "2"]
     script_args, training_args, model_args = parse(recipe, argv)
     training_args.disable_tqdm = True
     recipe.main(script_args, training_args, model_args)
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "workspace" and (out / "learning_curves.png").is_file()
+    # Self-play starts from the format warm-up (2 generated tasks, 2 examples each), built in the cache.
+    warmup = metrics["warmup"]
+    assert warmup["tasks"] == 2 and warmup["examples"] == 4 and metrics["model"] == warmup["model"]
+    assert Path(warmup["model"]).parent == tmp_path / "cache" / "warmup"
+    assert {"self-play", "format warm-up", "total"} <= set(metrics["seconds"])
     per_step = metrics["per_step"]
     # Per seed prompt: 2 valid configs, the first learnable (safe on 2 of 4 episodes, complete on 2 of 4).
     assert per_step["unified_filter/learnable_ratio"] == [0.5, 0.5]
@@ -98,6 +104,14 @@ def test_family_and_judge_switches(recipe, tmp_path):
         recipe.build_task(args)
 
 
+def test_warmup_is_for_the_workspace_family(recipe, tmp_path):
+    args, training_args, _ = parse(recipe, ["--output_dir", str(tmp_path), "--use_cpu", "--warmup_samples", "4"])
+    with pytest.raises(ValueError, match="the arithmetic family has no format warm-up"):
+        recipe.warm_up("unused", None, recipe.build_task(args), args, training_args)
+    with pytest.raises(ValueError, match="--warmup_batch_size must be at least 1"):
+        recipe.AbsoluteZeroScriptArguments(warmup_batch_size=0)
+
+
 def test_tool_template_needs_system_messages(recipe, tmp_path):
     # TRL's Qwen2.5 template gives a conversation without a system message Qwen's default one.
     seeds = tmp_path / "seeds.jsonl"
@@ -124,4 +138,5 @@ def test_workspace_cpu_config_is_bounded():
     config = yaml.safe_load(path.read_text())
     assert config["use_cpu"] and config["max_steps"] <= 10 and "model_name_or_path" not in config
     assert config["task"] == "workspace" and config["max_tool_calling_iterations"] <= 3
+    assert config["warmup_samples"] > 0  # the 135M default writes no valid task config without it
     assert with_default_config(["--config", str(path)], "unused")[:2] == ["--config", str(path)]

@@ -178,13 +178,16 @@ def render_judge_request(prompt: Any, completion: Any, row: Mapping[str, Any]) -
     return [{"role": "system", "content": JUDGE_RUBRIC}, {"role": "user", "content": "\n".join(lines)}]
 
 
+def proposer_prompt(task: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The proposer's conversation showing `task` (a task config) to turn into a new one."""
+    return [{"role": "system", "content": PROPOSER_SYSTEM_PROMPT},
+            {"role": "user", "content": PROPOSER_PROMPT.format(task=json.dumps(task, ensure_ascii=False))}]
+
+
 def seed_prompts(n: int, seed: int = 0) -> Dataset:
     """`n` proposer prompts, each showing one seed task (drawn with `seed`) to turn into a new one."""
     rng = random.Random(seed)
-    rows = [{"prompt": [{"role": "system", "content": PROPOSER_SYSTEM_PROMPT},
-                        {"role": "user", "content": PROPOSER_PROMPT.format(
-                            task=json.dumps(rng.choice(SEED_TASKS), ensure_ascii=False))}]} for _ in range(n)]
-    return Dataset.from_list(rows)
+    return Dataset.from_list([{"prompt": proposer_prompt(rng.choice(SEED_TASKS))} for _ in range(n)])
 
 
 def seed_task_dataset(n: int, seed: int = 0) -> Dataset:
