@@ -40,6 +40,7 @@ from trl_ext.recipe import (
     resolve_model,
     run_recipe,
     save_final_model,
+    time_summary,
     write_json,
     write_model_card,
 )
@@ -50,7 +51,6 @@ from trl_ext.tasks.workspace import render_judge_request
 from trl_ext.tasks.workspace_warmup import workspace_format_examples
 from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
-from trl_ext.warmup import format_warmup
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "absolute_zero_smollm2_cpu.yaml"
@@ -152,6 +152,9 @@ def build_task(script_args):
         raise ValueError(f"--task {script_args.task!r} is not one of {list(TASKS)}.")
     if script_args.task != "workspace" and script_args.completion_evaluator != "rule":
         raise ValueError("--completion_evaluator applies to --task workspace only.")
+    if script_args.task != "workspace" and script_args.warmup_samples:
+        raise ValueError(f"--warmup_samples: the {script_args.task} family has no format warm-up (the workspace "
+                         "family has).")
     if script_args.task == "arithmetic":
         return arithmetic_task(lenient=script_args.lenient_parsing)
     if script_args.task == "code":
@@ -199,16 +202,9 @@ def check_tool_template_prompts(task, *datasets):
 def warm_up(model_path, tokenizer, task, script_args, training_args):
     """The workspace family's format warm-up of `model_path` (examples rendered with `tokenizer`'s chat template):
     `(checkpoint, report)`."""
-    if task.name != "workspace":
-        raise ValueError(f"--warmup_samples: the {task.name} family has no format warm-up (the workspace family has).")
     examples = workspace_format_examples(tokenizer, script_args.warmup_samples, seed=training_args.seed)
-    started = time.monotonic()
-    path = format_warmup(model_path, examples, learning_rate=script_args.warmup_learning_rate,
-                         num_train_epochs=script_args.warmup_epochs,
-                         per_device_train_batch_size=script_args.warmup_batch_size, bf16=training_args.bf16,
-                         seed=training_args.seed)
-    return path, {"model": path, "tasks": script_args.warmup_samples, "examples": len(examples),
-                  "seconds": time.monotonic() - started}
+    path, seconds = script_args.build_warmup(model_path, examples, training_args)
+    return path, {"model": path, "tasks": script_args.warmup_samples, "examples": len(examples), "seconds": seconds}
 
 
 def heldout_set(task, script_args, seed):
@@ -350,8 +346,7 @@ def main(script_args, training_args, model_args):
             plots.append("heldout_accuracy.png (held-out accuracy before/after, learnable ratio per step)")
         elif questions is not None:
             print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
-        print(f"time: {seconds['total'] / 60:.1f} min ("
-              + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total") + ")")
+        print(time_summary(seconds))
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
                      card_results(trainer.state.log_history, task.name, heldout))

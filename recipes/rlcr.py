@@ -29,13 +29,14 @@ from trl_ext.recipe import (
     resolve_model,
     run_recipe,
     save_final_model,
+    time_summary,
     write_json,
     write_model_card,
 )
 from trl_ext.rewards.functions import is_missing
 from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.warmup import format_warmup, rlcr_format_examples
+from trl_ext.warmup import rlcr_format_examples
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
@@ -125,13 +126,9 @@ def warm_up(model_path, train, script_args, training_args):
         )
     examples = rlcr_format_examples(rows, training_args.confidence_prompt, seed=training_args.seed,
                                     answer_tag=training_args.answer_tag, confidence_tag=training_args.confidence_tag)
-    started = time.monotonic()
-    path = format_warmup(model_path, examples, learning_rate=script_args.warmup_learning_rate,
-                         num_train_epochs=script_args.warmup_epochs,
-                         per_device_train_batch_size=script_args.warmup_batch_size, bf16=training_args.bf16,
-                         seed=training_args.seed)
+    path, seconds = script_args.build_warmup(model_path, examples, training_args)
     return path, train.select(range(n, len(train))), {
-        "model": path, "rows": len(rows), "examples": len(examples), "seconds": time.monotonic() - started}
+        "model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds}
 
 
 PLOTS = {
@@ -155,8 +152,7 @@ def summary(report, output_dir, seconds):
             lines.append(f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
                          f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
                          f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}")
-    lines.append(f"time: {seconds['total'] / 60:.1f} min ("
-                 + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total") + ")")
+    lines.append(time_summary(seconds))
     lines.append(f"report and plots in {output_dir}:")
     lines += [f"  {name}: {what}" for name, what in PLOTS.items() if (Path(output_dir) / name).is_file()]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,23 @@ class FormatWarmupArguments:
             raise ValueError(f"--warmup_epochs must be positive (got {self.warmup_epochs}).")
         if self.warmup_batch_size < 1:
             raise ValueError(f"--warmup_batch_size must be at least 1 (got {self.warmup_batch_size}).")
+
+    def build_warmup(self, base_model: str, examples: Sequence[dict], training_args) -> tuple[str, float]:
+        """`(checkpoint, seconds)`: `base_model` warmed up on `examples` with these flags (bf16 and seed from the RL
+        run's `training_args`), built once and cached."""
+        from .warmup import format_warmup
+
+        started = time.monotonic()
+        path = format_warmup(base_model, examples, learning_rate=self.warmup_learning_rate,
+                             num_train_epochs=self.warmup_epochs, per_device_train_batch_size=self.warmup_batch_size,
+                             bf16=training_args.bf16, seed=training_args.seed)
+        return path, time.monotonic() - started
+
+
+def time_summary(seconds: dict[str, float]) -> str:
+    """`seconds` per phase (and their `total`) as a recipe prints them last."""
+    return (f"time: {seconds['total'] / 60:.1f} min ("
+            + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total") + ")")
 
 
 def run_recipe(main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None) -> None:
