@@ -64,15 +64,24 @@ def check_program(source: Any) -> str | None:
 
 def parse_input(text: Any) -> tuple | None:
     """The arguments of one call, `"[3, 1], 'a'"` -> `([3, 1], 'a')`, or `None` unless they are at least one Python
-    literal that survives a `repr` round trip (not `1e999`) within `MAX_INPUT_CHARS`."""
+    literal that survives a `repr` round trip (not `1e999`) within `MAX_INPUT_CHARS`.
+
+    The text is read as the argument list of a call, `f(<text>)`, as AZR writes its inputs into the call it runs: a
+    trailing comma (`'Python',`) is valid, keyword and starred arguments are not literals and are refused, and text
+    that closes the call early (`1)(2`) does not parse as a single call of `f`.
+    """
     if not isinstance(text, str):
         return None
     text = text.strip()
     if not text or len(text) > MAX_INPUT_CHARS:
         return None
     try:
-        args = ast.literal_eval(f"({text}\n,)")  # the newline ends a trailing comment
-        if not isinstance(args, tuple) or not args or ast.literal_eval(repr(args)) != args:
+        call = ast.parse(f"{ENTRY}({text}\n)", mode="eval").body  # the newline ends a trailing comment
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == ENTRY
+                and call.args and not call.keywords):
+            return None
+        args = tuple(ast.literal_eval(arg) for arg in call.args)  # a starred argument is not a literal
+        if ast.literal_eval(repr(args)) != args:
             return None
     except _LITERAL_ERRORS:
         return None
