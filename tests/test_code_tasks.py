@@ -212,6 +212,15 @@ def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
     assert "```input\n1\n```\n```output\n2\n```" in prompt and "-8" not in prompt  # held-out pairs stay hidden
 
 
+def test_induction_answers_are_not_bounded_by_one_output():
+    # Fails on main (issue 21, item 7): the list of an answer's held-out values had to fit one output's bound, so a gold
+    # program whose outputs fit it one by one failed its own task.
+    task = code_reasoning_task(execute_many=executor())
+    q = {"task_type": "induction", "program": BIG, "message": "repeats x", "visible": [["1", "'x'"]],
+         "hidden": [[str(n), repr("x" * n)] for n in (600, 700)]}
+    assert score(task, [q], [f"```python\n{BIG}\n```"])[0] == [1.0]
+
+
 def test_rows_without_a_task_type_are_not_applicable():
     task = code_reasoning_task(execute_many=executor())
     assert score(task, [{"task_type": None}], ["```output\n1\n```"]) == ([None], [None])

@@ -120,8 +120,20 @@ def call_snippet(program: str, args: tuple) -> str:
 
 
 def calls_snippet(program: str, inputs: list[tuple]) -> str:
-    """The program, then `f` called on each input in turn; the list of values is read back."""
-    return f"{program}\n\n{RESULT_VAR} = [{ENTRY}(*args) for args in {inputs!r}]\n"
+    """`f` called on each input in turn, each call in a fresh namespace; the list of values is read back.
+
+    Gold outputs are made one call per process (`call_snippet`), so each call here starts as a fresh process would:
+    the program runs anew in fresh globals, giving a new `f` with new default values, and a program that keeps state
+    between calls (a global counter, a mutable default) answers each pair as it did when the pair was made. State
+    outside the program's namespace (an imported module, `builtins`) is shared by the calls of one execution.
+    """
+    code, scope, args = f"{RESULT_VAR}_code", f"{RESULT_VAR}_scope", f"{RESULT_VAR}_args"
+    return (f"{code}, {RESULT_VAR}_inputs = compile({program!r}, '<snippet>', 'exec'), {inputs!r}\n"
+            f"{RESULT_VAR} = []\n"
+            f"for {args} in {RESULT_VAR}_inputs:\n"
+            f"    {scope} = {{'__name__': '__main__', '__builtins__': __builtins__}}\n"
+            f"    exec({code}, {scope})\n"
+            f"    {RESULT_VAR}.append({scope}[{ENTRY!r}](*{args}))\n")
 
 
 def output_repr(result) -> str | None:
