@@ -181,7 +181,8 @@ class WorkspaceEnvironment:
                 return self._error(f"cannot attach {attachment[:40]!r}: no such file.")
         if len(self.sent) >= MAX_SENT:
             return self._error(f"at most {MAX_SENT} emails can be sent.")
-        self.sent.append(Email(subject=subject, body=body, to=to, attachment=attached))
+        self.sent.append(Email(subject=subject, body=body, to=to, attachment=attached,
+                               attachment_text=self.files.get(attached, "")))
         return f"Sent to {to}" + (f" with {attached} attached." if attached else ".")
 
     def read_inbox(self) -> str:
