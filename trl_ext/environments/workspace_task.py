@@ -87,6 +87,16 @@ class TaskConfigError(ValueError):
     """A task config that does not satisfy `TASK_SCHEMA` or the workspace's path rules."""
 
 
+def encodes_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8: not when it holds a lone surrogate (what a JSON escape such as "\\udcff"
+    decodes to), which a tokenizer refuses."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def normalize_path(path: Any) -> str | None:
     """The workspace path `path` names, or `None` when it is not one.
 
@@ -157,6 +167,9 @@ def parse_task(config: Any) -> WorkspaceTask:
     if error is not None:
         where = "/".join(map(str, error.path)) or "config"
         raise TaskConfigError(f"{where}: {error.message[:200]}")
+    # A proposer's config is model output: its text reaches the solver's prompt and tool results, both tokenized.
+    if not encodes_utf8(json.dumps(config, ensure_ascii=False)):
+        raise TaskConfigError("config: every text must be valid UTF-8 (a lone surrogate such as \\udcff is not)")
     files = {}
     for raw, text in config["files"].items():
         path = normalize_path(raw)
