@@ -81,7 +81,8 @@ def test_fenced_blocks_and_program_checks():
 def test_inputs_and_values_are_literals():
     assert parse_input("[3, 1], 'a'") == ([3, 1], "a")
     assert parse_input("{'k': (1, 2)}  # a comment") == ({"k": (1, 2)},)
-    for bad in ("", "x", "k=1", "1), (2", "1)(2", "*[1, 2]", "[1], **{}", "__import__('os')", "1e999", "f(1)", "1, 2,,", "[" * 300 + "]" * 300, None,
+    for bad in ("", "x", "k=1", "1), (2", "1)(2", "*[1, 2]", "[1], **{}", "__import__('os')", "1e999", "f(1)",
+                "1, 2,,", "[" * 300 + "]" * 300, None,
                 "1" * 2000):
         assert parse_input(bad) is None, bad
     assert format_input(([3, 1], "a")) == "[3, 1], 'a'" and parse_input(format_input((5,))) == (5,)
@@ -213,8 +214,8 @@ def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
 
 
 def test_induction_answers_are_not_bounded_by_one_output():
-    # Fails on main (issue 21, item 7): the list of an answer's held-out values had to fit one output's bound, so a gold
-    # program whose outputs fit it one by one failed its own task.
+    # Fails on main (issue 21, item 7): the list of an answer's held-out values had to fit one output's bound, so a
+    # gold program whose outputs fit it one by one failed its own task.
     task = code_reasoning_task(execute_many=executor())
     q = {"task_type": "induction", "program": BIG, "message": "repeats x", "visible": [["1", "'x'"]],
          "hidden": [[str(n), repr("x" * n)] for n in (600, 700)]}
