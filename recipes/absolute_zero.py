@@ -98,6 +98,8 @@ class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             Seconds per judge request attempt.
         judge_max_retries (`int`, *optional*, defaults to `2`):
             Retries of a failed judge request (exponential backoff).
+        judge_max_reply_bytes (`int`, *optional*, defaults to `1000000`):
+            Largest HTTP body read from the judge endpoint; a larger reply is a failed judgement.
         sandbox_timeout_s (`float`, *optional*, defaults to `5.0`):
             Code family: wall-clock limit of each sandboxed execution (proposals and answers).
         sandbox_memory_mb (`int`, *optional*, defaults to `512`):
@@ -131,6 +133,7 @@ class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     judge_max_concurrency: int = field(default=16, metadata={"help": "Judge requests in flight at most."})
     judge_timeout: float = field(default=30.0, metadata={"help": "Seconds per judge request attempt."})
     judge_max_retries: int = field(default=2, metadata={"help": "Retries of a failed judge request."})
+    judge_max_reply_bytes: int = field(default=1_000_000, metadata={"help": "Largest judge reply body read."})
     sandbox_timeout_s: float = field(default=5.0, metadata={"help": "Code: seconds per sandboxed execution."})
     sandbox_memory_mb: int = field(default=512, metadata={"help": "Code: memory limit per sandboxed execution."})
     num_references: int = field(default=4, metadata={"help": "Code: buffer triplets shown to a proposer."})
@@ -167,7 +170,8 @@ def build_task(script_args):
         judge = LLMJudge(script_args.judge_base_url, script_args.judge_model, name="completion_score",
                          render=render_judge_request, api_key_env=script_args.judge_api_key_env,
                          max_concurrency=script_args.judge_max_concurrency, timeout=script_args.judge_timeout,
-                         max_retries=script_args.judge_max_retries)
+                         max_retries=script_args.judge_max_retries,
+                         max_reply_bytes=script_args.judge_max_reply_bytes)
     return workspace_task(lenient=script_args.lenient_parsing,
                           completion_evaluator=script_args.completion_evaluator, judge=judge)
 

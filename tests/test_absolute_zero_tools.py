@@ -254,3 +254,21 @@ def test_malformed_tool_calls_are_model_output_not_errors(tmp_path):
     assert "<tool_response>" in texts[1] and "error" in texts[1]  # A's sample 1: the tool's error, shown to the model
     assert log["tools/failure_frequency"] == 1.0  # the one executed call failed
     assert list(trainer._logs["rewards"]["value"]) == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_unknown_tool_names_with_lone_surrogates_are_made_safe(tmp_path):
+    # Fails on main (issue 21, item 9): an unknown tool's name decoded from the escape "\\udcff" is a lone surrogate,
+    # which TRL put into the tool message; tokenizing it raised TypeError.
+    class Hostile(Script):
+        def __call__(self, text, k):
+            if "Reach" in text and "Seed" not in text and "<tool_response>" not in text and k == 1:
+                return tool_call_text("\udcff")
+            return super().__call__(text, k)
+
+    trainer, _ = make(tmp_path, max_repropose_attempts=0)
+    with ScriptedGeneration(trainer, Hostile({"A": [["one", "zero"]], "B": [["two", "zero"]]})), \
+            BatchRecorder(trainer) as rec:
+        trainer.train()
+    texts = [row_text(trainer, rec.batches[0], r) for r in range(4)]
+    assert all("not found" in texts[r] for r in (1, 3))  # sample 1 of each prompt: TRL's error, shown to the model
+    assert trainer.state.log_history[0]["tools/unsafe_results"] == 4.0  # one per question of the solving round

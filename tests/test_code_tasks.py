@@ -81,8 +81,8 @@ def test_fenced_blocks_and_program_checks():
 def test_inputs_and_values_are_literals():
     assert parse_input("[3, 1], 'a'") == ([3, 1], "a")
     assert parse_input("{'k': (1, 2)}  # a comment") == ({"k": (1, 2)},)
-    assert parse_input("1), (2") == (1, (2,))  # odd but literal: harmless
-    for bad in ("", "x", "k=1", "__import__('os')", "1e999", "f(1)", "1, 2,,", "[" * 300 + "]" * 300, None,
+    for bad in ("", "x", "k=1", "1), (2", "1)(2", "*[1, 2]", "[1], **{}", "__import__('os')", "1e999", "f(1)",
+                "1, 2,,", "[" * 300 + "]" * 300, None,
                 "1" * 2000):
         assert parse_input(bad) is None, bad
     assert format_input(([3, 1], "a")) == "[3, 1], 'a'" and parse_input(format_input((5,))) == (5,)
@@ -98,6 +98,16 @@ def test_parser_reads_blocks_and_rejects_prose():
     assert parse("def f(x): return x") is None and parse(12) is None
     assert parse("```\n" + DOUBLE + "\n```") is None
     assert make_proposal_parser(lenient=True)("```\n" + DOUBLE + "\n```")["program"] == DOUBLE + "\n"
+
+
+def test_an_input_is_the_argument_list_of_a_call():
+    # Fails on main (issue 21, item 6): the input was wrapped as `(<text>\n,)`, so a trailing comma (valid call syntax,
+    # 89 of AZR's 17,572 seed inputs) made a double comma and the proposal was invalid.
+    assert parse_input("'Python',") == ("Python",)
+    assert parse_input("[1, 2],\n{'a': 3},  # two arguments\n") == ([1, 2], {"a": 3})
+    state = CodeTaskState(execute_many=executor())
+    checked = state.validate([parsed("abduction", proposal(DOUBLE, ["21,"]))])
+    assert checked == [{"task_type": "abduction", "program": DOUBLE, "input": "21", "output": "42"}]
 
 
 # -- proposer prompts ---------------------------------------------------------------------------------------------
@@ -201,6 +211,15 @@ def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
     assert fake.calls == [3]
     prompt = solver_prompt(q, {})[0]["content"]
     assert "```input\n1\n```\n```output\n2\n```" in prompt and "-8" not in prompt  # held-out pairs stay hidden
+
+
+def test_induction_answers_are_not_bounded_by_one_output():
+    # Fails on main (issue 21, item 7): the list of an answer's held-out values had to fit one output's bound, so a
+    # gold program whose outputs fit it one by one failed its own task.
+    task = code_reasoning_task(execute_many=executor())
+    q = {"task_type": "induction", "program": BIG, "message": "repeats x", "visible": [["1", "'x'"]],
+         "hidden": [[str(n), repr("x" * n)] for n in (600, 700)]}
+    assert score(task, [q], [f"```python\n{BIG}\n```"])[0] == [1.0]
 
 
 def test_rows_without_a_task_type_are_not_applicable():

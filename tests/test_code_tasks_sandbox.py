@@ -73,6 +73,20 @@ def test_each_task_type_is_scored_by_execution():
     assert score(task, induction, answers) == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_a_stateful_gold_program_solves_its_own_induction_task():
+    # Fails on main (issue 21, item 7): the hidden pairs ran one after another in one namespace, while each pair was
+    # made in a fresh process, so a program keeping state between calls failed its own task (score 0.0).
+    task = code_reasoning_task(timeout_s=2.0)
+    stateful = {"global": "calls = []\ndef f(x):\n    calls.append(x)\n    return len(calls) * x",
+                "default": "def f(x, seen=[]):\n    seen.append(x)\n    return len(seen) * x",
+                "attribute": "def f(x):\n    f.n = getattr(f, 'n', 0) + 1\n    return f.n * x"}
+    for name, program in stateful.items():
+        question = task.state.validate([proposal("induction", None, ["1", "2", "3", "4"], "m", given=program)])[0]
+        assert question["hidden"] == [["3", "3"], ["4", "4"]], name  # each pair made in a fresh process
+        answers = [f"```python\n{program}\n```", "```python\ndef f(x):\n    return x\n```"]
+        assert score(task, question, answers) == [1.0, 1.0], name
+
+
 def test_one_self_play_step_with_the_sandbox(tmp_path):
     trainer, task = scenario.make_trainer(tmp_path, executor="sandbox")
     with ScriptedGeneration(trainer, scenario.script):

@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -36,6 +37,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(500, b'{"error": {"message": "boom"}}')
             elif mode == "malformed":
                 self._send(200, b'{"id": "x", "choices": [{"message": ')
+            elif mode in ("huge", "declared"):  # 20 MB of body, streamed (no length) or with its length declared
+                self._send_huge(20 << 20, declared=mode == "declared")
             else:
                 content = request["messages"][-1]["content"]
                 body = {"id": "x", "object": "chat.completion", "created": 0, "model": request["model"],
@@ -54,6 +57,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _send_huge(self, size, declared):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if declared:
+            self.send_header("Content-Length", str(size))
+        self.end_headers()
+        chunk = b" " * (64 << 10)  # one object written again and again: the server holds no more than that
+        for _ in range(size // len(chunk)):
+            self.wfile.write(chunk)
 
     def log_message(self, *args):
         pass
@@ -94,6 +107,31 @@ def run(judge, completions, **kwargs):
 ])
 def test_parse_judge_score(reply, score):
     assert parse_judge_score(reply) == score
+
+
+def test_score_line_is_read_in_linear_time():
+    # Fails on main (issue 21, item 10): the score regex backtracked cubically over runs of whitespace; a last line of
+    # 2,000 characters took 30 s or more, on the event loop every async reward shares.
+    for line in ("score" + " " * 1994 + "x", "Score:" + " " * 996 + "<score>" + " " * 990 + "x", " " * 1999 + "1"):
+        start = time.perf_counter()
+        parse_judge_score(line)
+        assert time.perf_counter() - start < 0.05  # microseconds; main: 30 s and more
+    assert parse_judge_score("Score:" + " " * 980 + "<score>" + " " * 980 + "1</score>.") == 1.0
+
+
+@pytest.mark.parametrize("mode", ["huge", "declared"])
+def test_reply_body_is_capped(server, mode):
+    # Fails on main (issue 21, item 10): the reply body was read whole (200 MB: +600 MB RSS); here 20 MB are sent.
+    judge = judge_for(server, mode, max_reply_bytes=100_000, max_retries=2)
+    tracemalloc.start()
+    try:
+        scores, metrics = run(judge, ["0.5"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert scores == [None] and metrics["llm_judge/failures"] == 1.0
+    assert peak < 4 << 20, peak  # main: the 20 MB body (and a copy)
+    assert server.hits[mode] == 1  # an oversized reply is not retried
 
 
 def test_scores_rows_and_counts(server):
@@ -201,7 +239,8 @@ def test_default_render_and_columns(server):
     assert seen == [{"solution": "x", "environment": "env0"}, {"solution": "y", "environment": "env1"}]
 
 
-@pytest.mark.parametrize("kwargs", [{"max_concurrency": 0}, {"timeout": 0}, {"max_retries": -1}, {"cache_size": 0}])
+@pytest.mark.parametrize("kwargs", [{"max_concurrency": 0}, {"timeout": 0}, {"max_retries": -1}, {"cache_size": 0},
+                                    {"max_reply_bytes": 0}])
 def test_bad_config(kwargs):
     with pytest.raises(ValueError):
         LLMJudge("http://127.0.0.1:9/v1", "m", **kwargs)

@@ -49,7 +49,7 @@ def make_script(trainer):
     return script
 
 
-def make(tmp_path, **overrides):
+def make(tmp_path, environment_factory=Counter, **overrides):
     model, tokenizer = tiny_causal_lm(initializer_range=0.5)
     use_tool_chat_template(tokenizer)
     dataset = Dataset.from_list([
@@ -59,7 +59,7 @@ def make(tmp_path, **overrides):
         max_steps=2, replay_start_ratio=0.0, shuffle_dataset=False, num_generations=2, per_device_train_batch_size=4,
         max_completion_length=160, success_reward="Counter", task_id_column="task_id"), **overrides})
     return ReplayGRPOTrainer(model, [step_number], args=args, train_dataset=dataset, processing_class=tokenizer,
-                             environment_factory=Counter)
+                             environment_factory=environment_factory)
 
 
 def run(trainer, **train_kwargs):
@@ -154,3 +154,34 @@ def test_resume_with_tool_episodes_in_the_buffer(tmp_path):
     n = saved.num_tokens
     assert step1["tool_mask"][row, :n].bool().tolist() == saved.tool_mask.tolist()
     assert resumed._last_rewards_per_func[row, resumed.reward_func_names.index("Counter")].item() == 1.0
+
+
+class Echo(Counter):
+    def echo(self, text: str) -> str:
+        """Repeat a text.
+
+        Args:
+            text: The text to repeat.
+        """
+        return f"echo: {text}"
+
+
+def test_tool_results_with_lone_surrogates_are_made_safe_to_tokenize(tmp_path):
+    # Fails on main (issue 21, item 9): a JSON escape "\\udcff" in a tool call decodes to a lone surrogate, which TRL
+    # copied into the tool message (an echoing tool's result, an unknown tool's name); tokenizing it raised TypeError.
+    trainer = make(tmp_path, Echo, max_steps=1, success_reward="Echo")
+
+    def script(text, k):
+        if "<tool_response>" in text:
+            return "done"
+        return tool_call_text("echo", text="a\udcffb") if k == 0 else tool_call_text("\udcff")
+
+    with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
+        trainer.train()
+    (batch,) = rec.batches
+    tool_text = [trainer.processing_class.decode(batch["completion_ids"][row][~batch["tool_mask"][row].bool()
+                                                                          & batch["completion_mask"][row].bool()])
+                 for row in range(4)]
+    assert "echo: a\ufffdb" in tool_text[0] and "echo: a\ufffdb" in tool_text[2]
+    assert "Tool \\udcff not found" in tool_text[1]  # TRL's error text escapes it; the name was made safe
+    assert trainer.state.log_history[0]["tools/unsafe_results"] == 4.0

@@ -26,6 +26,7 @@ from .workspace_task import (
     Email,
     WorkspaceTask,
     completion_score,
+    encodes_utf8,
     normalize_path,
     safety_score,
     safety_violations,
@@ -91,8 +92,13 @@ class WorkspaceEnvironment:
             tool_errors=self.tool_errors,
         )
 
-    def _call(self) -> None:
+    def _call(self, *arguments) -> str | None:
+        """Count a tool call; an error for the model when a text argument does not encode as UTF-8 (a JSON escape
+        such as "\\udcff" decodes to a lone surrogate, which no tokenizer or file can hold)."""
         self.tool_calls += 1
+        if any(isinstance(a, str) and not encodes_utf8(a) for a in arguments):
+            return self._error("arguments must be valid UTF-8 text (a lone surrogate such as \\udcff is not).")
+        return None
 
     def _error(self, message: str) -> str:
         self.tool_errors += 1
@@ -111,7 +117,8 @@ class WorkspaceEnvironment:
         Args:
             path: Path of the file, e.g. "notes/todo.txt".
         """
-        self._call()
+        if error := self._call(path):
+            return error
         name = normalize_path(path)
         if name is None:
             return self._error("not a valid workspace path.")
@@ -126,7 +133,8 @@ class WorkspaceEnvironment:
             path: Path of the file, e.g. "notes/todo.txt".
             content: The complete new content of the file.
         """
-        self._call()
+        if error := self._call(path, content):
+            return error
         name = normalize_path(path)
         if name is None:
             return self._error("not a valid workspace path.")
@@ -146,7 +154,8 @@ class WorkspaceEnvironment:
         Args:
             path: Path of the file to delete.
         """
-        self._call()
+        if error := self._call(path):
+            return error
         name = normalize_path(path)
         if name is None:
             return self._error("not a valid workspace path.")
@@ -164,7 +173,8 @@ class WorkspaceEnvironment:
             body: The text of the email.
             attachment: Path of a workspace file to attach, or an empty string for none.
         """
-        self._call()
+        if error := self._call(to, subject, body, attachment):
+            return error
         if not isinstance(to, str) or to.count("@") != 1 or any(c.isspace() for c in to) or \
                 len(to) > MAX_ADDRESS_CHARS or to.startswith("@") or to.endswith("@"):
             return self._error("`to` must be one email address.")
@@ -181,7 +191,8 @@ class WorkspaceEnvironment:
                 return self._error(f"cannot attach {attachment[:40]!r}: no such file.")
         if len(self.sent) >= MAX_SENT:
             return self._error(f"at most {MAX_SENT} emails can be sent.")
-        self.sent.append(Email(subject=subject, body=body, to=to, attachment=attached))
+        self.sent.append(Email(subject=subject, body=body, to=to, attachment=attached,
+                               attachment_text=self.files.get(attached, "")))
         return f"Sent to {to}" + (f" with {attached} attached." if attached else ".")
 
     def read_inbox(self) -> str:

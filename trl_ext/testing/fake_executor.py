@@ -31,15 +31,18 @@ class FakeExecutor:
         return [self.run(snippet) for snippet in snippets]
 
     def run(self, snippet: str) -> ExecutionResult:
-        program, _, call = snippet.rpartition(f"\n\n{RESULT_VAR} = ")
+        if snippet.startswith(f"{RESULT_VAR}_code, "):  # calls_snippet: its first line holds the program and inputs
+            compiled, inputs = ast.parse(snippet.split("\n", 1)[0]).body[0].value.elts  # compile(program, ...), inputs
+            program, inputs = ast.literal_eval(compiled.args[0]), ast.literal_eval(inputs)
+            call = lambda fn: [fn(*args) for args in inputs]  # noqa: E731
+        else:  # call_snippet: the program, then `f(*args)`
+            program, _, call_text = snippet.rpartition(f"\n\n{RESULT_VAR} = ")
+            call = lambda fn: fn(*ast.literal_eval(call_text[3:].strip()[:-1]))  # noqa: E731
         fn = self.programs.get(program.strip())
         if fn is None:
             return ExecutionResult(False, "", "exception: NameError: unknown program")
         try:
-            if call.startswith("f(*"):
-                value = fn(*ast.literal_eval(call[3:].strip()[:-1]))
-            else:  # [f(*args) for args in [...]]
-                value = [fn(*args) for args in ast.literal_eval(call.split(" for args in ", 1)[1].strip()[:-1])]
+            value = call(fn)
         except Exception as error:  # noqa: BLE001 - a program's exception is a failed execution
             return ExecutionResult(False, "", f"exception: {type(error).__name__}: {error}")
         text = repr(value)

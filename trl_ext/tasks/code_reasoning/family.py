@@ -254,7 +254,9 @@ def make_correctness_reward(state: CodeTaskState, lenient: bool = False):
                     checks.append((row, calls_snippet(program, [parse_input(i) for i, _ in pairs]), expected))
         results = state.execute([snippet for _, snippet, _ in checks])
         for (row, _, expected), result in zip(checks, results, strict=True):
-            rewards[row] = float(output_repr(result) is not None and values_equal(result.value, expected))
+            # Value equality only: the gold values are bounded, and an induction answer's list of values may be longer
+            # than one output's bound (`output_repr`) while each of its values is the gold one.
+            rewards[row] = float(getattr(result, "ok", False) and values_equal(result.value, expected))
         return rewards
 
     return code_correct

@@ -64,15 +64,24 @@ def check_program(source: Any) -> str | None:
 
 def parse_input(text: Any) -> tuple | None:
     """The arguments of one call, `"[3, 1], 'a'"` -> `([3, 1], 'a')`, or `None` unless they are at least one Python
-    literal that survives a `repr` round trip (not `1e999`) within `MAX_INPUT_CHARS`."""
+    literal that survives a `repr` round trip (not `1e999`) within `MAX_INPUT_CHARS`.
+
+    The text is read as the argument list of a call, `f(<text>)`, as AZR writes its inputs into the call it runs: a
+    trailing comma (`'Python',`) is valid, keyword and starred arguments are not literals and are refused, and text
+    that closes the call early (`1)(2`) does not parse as a single call of `f`.
+    """
     if not isinstance(text, str):
         return None
     text = text.strip()
     if not text or len(text) > MAX_INPUT_CHARS:
         return None
     try:
-        args = ast.literal_eval(f"({text}\n,)")  # the newline ends a trailing comment
-        if not isinstance(args, tuple) or not args or ast.literal_eval(repr(args)) != args:
+        call = ast.parse(f"{ENTRY}({text}\n)", mode="eval").body  # the newline ends a trailing comment
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == ENTRY
+                and call.args and not call.keywords):
+            return None
+        args = tuple(ast.literal_eval(arg) for arg in call.args)  # a starred argument is not a literal
+        if ast.literal_eval(repr(args)) != args:
             return None
     except _LITERAL_ERRORS:
         return None
@@ -111,8 +120,20 @@ def call_snippet(program: str, args: tuple) -> str:
 
 
 def calls_snippet(program: str, inputs: list[tuple]) -> str:
-    """The program, then `f` called on each input in turn; the list of values is read back."""
-    return f"{program}\n\n{RESULT_VAR} = [{ENTRY}(*args) for args in {inputs!r}]\n"
+    """`f` called on each input in turn, each call in a fresh namespace; the list of values is read back.
+
+    Gold outputs are made one call per process (`call_snippet`), so each call here starts as a fresh process would:
+    the program runs anew in fresh globals, giving a new `f` with new default values, and a program that keeps state
+    between calls (a global counter, a mutable default) answers each pair as it did when the pair was made. State
+    outside the program's namespace (an imported module, `builtins`) is shared by the calls of one execution.
+    """
+    code, scope, args = f"{RESULT_VAR}_code", f"{RESULT_VAR}_scope", f"{RESULT_VAR}_args"
+    return (f"{code}, {RESULT_VAR}_inputs = compile({program!r}, '<snippet>', 'exec'), {inputs!r}\n"
+            f"{RESULT_VAR} = []\n"
+            f"for {args} in {RESULT_VAR}_inputs:\n"
+            f"    {scope} = {{'__name__': '__main__', '__builtins__': __builtins__}}\n"
+            f"    exec({code}, {scope})\n"
+            f"    {RESULT_VAR}.append({scope}[{ENTRY!r}](*{args}))\n")
 
 
 def output_repr(result) -> str | None:
