@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -251,8 +252,23 @@ def test_interpreter_from_the_environment_comes_first(monkeypatch):
     assert interpreter_module._candidates()[0] == "/usr/bin/env"
 
 
+@pytest.fixture
+def package_for_nobody():
+    """A copy of the sandbox package that uid 65534 can import, wherever the checkout lives (a clone in root's home
+    or under `mktemp -d` is not reachable by that uid): the directory to put on its PYTHONPATH."""
+    base = tempfile.mkdtemp(prefix="trl-ext-sandbox-pkg-", dir="/tmp")
+    shutil.copytree(REPO / "trl_ext" / "sandbox", Path(base) / "sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for parent, dirs, files in os.walk(base):
+        os.chmod(parent, 0o755)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o644)
+    yield base
+    shutil.rmtree(base)
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="starts the non-root case as uid 65534")
-def test_not_root_user_namespaces_or_a_warning():
+def test_not_root_user_namespaces_or_a_warning(package_for_nobody):
     """As an unprivileged user: user + network namespaces where the kernel allows them, else rlimits only with a
     warning that names what is not isolated. Either way the snippet cannot reach the network or write the project."""
     # The system interpreter lacks the project's dependencies; the sandbox package itself is standard library only,
@@ -263,7 +279,7 @@ def test_not_root_user_namespaces_or_a_warning():
               f"write = execute('open(\"{REPO}/pwned\", \"w\")')\n"
               "print(json.dumps([info, [str(w.message) for w in caught], net.error, write.error]))")
     done = subprocess.run([sandbox_interpreter(), "-s", "-c", script], user=NOBODY, group=NOBODY, extra_groups=[],
-                          env={"PYTHONPATH": str(REPO / "trl_ext"), "PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
+                          env={"PYTHONPATH": package_for_nobody, "PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     info, warned, net_error, write_error = json.loads(done.stdout.splitlines()[-1])
@@ -275,7 +291,7 @@ def test_not_root_user_namespaces_or_a_warning():
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root and util-linux unshare")
-def test_rlimits_only_fallback_warns_and_names_what_is_missing():
+def test_rlimits_only_fallback_warns_and_names_what_is_missing(package_for_nobody):
     """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them), snippets run with
     the rlimits only and a warning names what is not isolated."""
     script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
@@ -284,7 +300,7 @@ def test_rlimits_only_fallback_warns_and_names_what_is_missing():
               "print(json.dumps([info, [str(w.message) for w in caught], fork.error, cpu.error]))")
     inner = (f"{sandbox_interpreter()} -s -c {shlex.quote(script)}")
     shell = ("mount -t tmpfs none /mnt && mkdir /mnt/r && mount --rbind / /mnt/r && chroot /mnt/r setpriv "
-             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={REPO / 'trl_ext'} PATH=/usr/bin:/bin "
+             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={package_for_nobody} PATH=/usr/bin:/bin "
              + inner)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True,
                           text=True, timeout=120, cwd="/")
