@@ -121,6 +121,53 @@ def test_forged_result_channel():
     assert not result.ok and result.value is None
 
 
+# A snippet can always find its own execution's nonce (it is in its own process): what it forges with it must only
+# ever cost it its own result.
+FIND_NONCE = ("import os, sys\nframe = sys._getframe()\nwhile 'nonce' not in frame.f_locals:\n    frame = frame.f_back\n"
+              "nonce = frame.f_locals['nonce'].encode()\n")
+
+
+def test_a_deeply_nested_forged_message_does_not_kill_the_server():
+    pool = SandboxPool()
+    try:
+        assert pool.run("result = 1", "result", Limits()).value == 1
+        servers = list(pool._servers)
+        result = pool.run(FIND_NONCE + "os.write(3, nonce + b'[' * 100000)\nos._exit(0)", "result", Limits())
+        assert not result.ok and "before the end" in result.error
+        assert pool.run("result = 2", "result", Limits()).value == 2 and pool._servers == servers  # same server
+    finally:
+        pool.close()
+
+
+def test_a_forged_value_repr_is_a_str_or_none():
+    result = execute(FIND_NONCE + "import json\nos.write(3, nonce + json.dumps({'value_repr': [1]}).encode())\n"
+                     "os._exit(0)", result_var="result")
+    assert not result.ok and result.value_repr is None and result.value is None
+
+
+def test_the_host_parses_no_value_beyond_max_value_bytes():
+    # A set of ints with equal hashes: cheap for the snippet, quadratic for the host's literal_eval (seconds at a few
+    # hundred KiB). The length is checked before anything is parsed.
+    code = "M = (1 << 61) - 1\nresult = {k * M for k in range(1, 15000)}"
+    start = time.monotonic()
+    result = execute(code, result_var="result")
+    assert not result.ok and "65536 characters" in result.error and result.value_repr is None
+    assert time.monotonic() - start < 2.0
+    assert execute("result = 'x' * 90", result_var="result", max_value_bytes=100).ok
+    result = execute("result = 'x' * 110", result_var="result", max_value_bytes=100)
+    assert not result.ok and "100 characters" in result.error
+    with pytest.raises(ValueError, match="max_value_bytes"):
+        execute("x = 1", max_value_bytes=0)
+
+
+def test_printing_a_result_never_raises():
+    # A hex literal parses into an int too long for repr() (sys.get_int_max_str_digits()).
+    result = execute("class E:\n    def __repr__(self):\n        return '0x' + 'f' * 20000\nresult = E()",
+                     result_var="result")
+    assert not result.ok and result.error.startswith("unreadable result") and result.value is None
+    assert repr(result) and str(result)
+
+
 # -- batches, determinism, state -------------------------------------------------------------------------------------
 def test_execute_many_keeps_order_and_isolates_failures():
     codes = [f"result = {i} * {i}" if i % 3 else "result = 1 / 0" for i in range(12)]

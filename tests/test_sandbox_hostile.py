@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trl_ext.sandbox import execute, isolation
-from trl_ext.sandbox.pool import default_pool
+from trl_ext.sandbox import SandboxPool, execute, isolation
+from trl_ext.sandbox.pool import Limits, default_pool
 
 
 ROOT = os.getuid() == 0
@@ -374,6 +374,30 @@ def test_delete_files(sentinels):
     fails(f"import os\nos.chmod('{REPO}/README.md', 0o777)", "Read-only file system", "PermissionError",
           *(("FileNotFoundError",) if REPO_HIDDEN else ()))
     assert (sentinels / "open" / "victim.txt").read_text() == "victim"
+
+
+@needs_namespaces
+@pytest.mark.skipif(not ROOT, reason="mounts a file system on the host")
+def test_mount_point_with_a_non_ascii_name_is_read_only():
+    # mountinfo shows UTF-8 names as they are (only space, tab, newline and backslash are escaped): such a mount
+    # must be found and made read-only like any other, not left writable and shared between snippets.
+    point = Path("/srv") / f"sandbox-mnt-\u00e9\u6f22 {uuid.uuid4().hex[:8]}"
+    point.mkdir(parents=True)
+    try:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "none", str(point)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        pool = SandboxPool()  # a new server, which sees the new mount
+        try:
+            assert pool.info()["missing"] == []
+            result = pool.run(f"open({str(point / 'x')!r}, 'w').write('x')", None, Limits(timeout_s=2.0))
+            assert not result.ok and "Read-only file system" in result.error
+            assert not (point / "x").exists()
+        finally:
+            pool.close()
+    finally:
+        subprocess.run(["umount", str(point)], capture_output=True)
+        point.rmdir()
 
 
 def test_file_size_and_descriptor_limits():

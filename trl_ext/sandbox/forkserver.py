@@ -23,6 +23,7 @@ import gc
 import json
 import math
 import os
+import re
 import resource
 import select
 import signal
@@ -63,7 +64,7 @@ def unshare(flags):
 
 
 def mount(source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
     _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), "mount %s" % target)
 
 
@@ -79,11 +80,14 @@ def drop_capabilities():
 
 
 def mount_points():
+    """(mount point as bytes, options) from mountinfo, which escapes space, tab, newline and backslash as octal and
+    leaves every other byte (UTF-8 names included) as it is."""
     points = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            fields = line.split()
-            points.append((fields[4].encode().decode("unicode_escape"), fields[5].split(",")))
+            fields = line.split(b" ")
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes((int(m.group(1), 8),)), fields[4])
+            points.append((point, fields[5].decode("ascii", "replace").split(",")))
     return points
 
 
@@ -141,7 +145,7 @@ def isolate_server(config):
         try:
             mount(None, point, None, flags)
         except OSError:
-            failed.append(point)
+            failed.append(os.fsdecode(point))
     for point in HIDDEN:
         if os.path.isdir(point) and not os.path.islink(point):
             try:
@@ -355,7 +359,7 @@ class Server:
                         error = "output too large (over %d bytes)" % cap
                 else:
                     res += chunk
-                    if len(res) > req["max_value_bytes"] + 4096:
+                    if len(res) > 6 * req["max_value_bytes"] + 4096:  # JSON escapes a character in <= 6
                         error = "result too large"
             if error:
                 break
@@ -363,7 +367,7 @@ class Server:
             os.close(fd)
         reply = {"ok": False, "stdout": bytes(out[:cap]).decode("utf-8", "replace"), "error": error,
                  "value_repr": None}
-        message = None if error else read_message(bytes(res), nonce)
+        message = None if error else read_message(bytes(res), nonce, req["max_value_bytes"])
         if message is not None:
             reply.update(message)
         elif error is None:  # pipes closed without a result: its exit status says why (within the deadline)
@@ -414,19 +418,22 @@ class Server:
                 pass
 
 
-def read_message(res, nonce):
+def read_message(res, nonce, max_value_bytes):
     """The child's own report (`ok` or its error), or None when it sent none that carries this execution's nonce."""
     if not res.startswith(nonce.encode()):
         return None
     try:
         message = json.loads(res[len(nonce):].decode())
-    except ValueError:
+    except (ValueError, RecursionError):  # the snippet knows its nonce: a deeply nested forgery must not kill us
         return None
     if not isinstance(message, dict):
         return None
     if message.get("error"):
-        return {"error": str(message["error"])}
-    return {"ok": True, "error": None, "value_repr": message.get("value_repr")}
+        return {"error": str(message["error"])[:1000]}
+    value_repr = message.get("value_repr")
+    if value_repr is not None and not (isinstance(value_repr, str) and len(value_repr) <= max_value_bytes):
+        return {"error": "unreadable result: not a repr within %d characters" % max_value_bytes}
+    return {"ok": True, "error": None, "value_repr": value_repr}
 
 
 def write_all(fd, data):
