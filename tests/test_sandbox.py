@@ -148,7 +148,8 @@ def test_a_forged_value_repr_is_a_str_or_none():
 def test_the_host_parses_no_value_beyond_max_value_bytes():
     # A set of ints with equal hashes: cheap for the snippet, quadratic for the host's literal_eval (seconds at a few
     # hundred KiB). The length is checked before anything is parsed.
-    code = "M = (1 << 61) - 1\nresult = {k * M for k in range(1, 15000)}"
+    code = ("M = (1 << 61) - 1\nTEXT = '{' + ', '.join(str(k * M) for k in range(1, 15000)) + '}'\n"
+            "class E:\n    def __repr__(self):\n        return TEXT\nresult = E()")
     start = time.monotonic()
     result = execute(code, result_var="result")
     assert not result.ok and "65536 characters" in result.error and result.value_repr is None

@@ -279,6 +279,53 @@ def test_stop_itself():
           "not stopped", "timeout", timeout_s=1.0)
 
 
+# -- earlier executions ---------------------------------------------------------------------------------------------
+# What a snippet can find in its own process: its call stack, and every readable byte of its memory (/proc/self/mem,
+# after making itself dumpable again). Hex digits after the marker are what other executions would have left.
+SCAN_MEMORY = """
+import ctypes, re, sys
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self/mem readable by the snippet's own uid
+pattern = re.compile(rb'trl-ext-' + rb'leak-([0-9a-f]{32})')
+found = set()
+frame = sys._getframe()
+while frame is not None:
+    found.update(m.decode() for m in pattern.findall(repr(frame.f_locals).encode()))
+    frame = frame.f_back
+with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        if not perms.startswith('r') or '[v' in line:
+            continue
+        low, high = (int(x, 16) for x in span.split('-'))
+        try:
+            mem.seek(low)
+            data = mem.read(high - low)
+        except (OSError, OverflowError, MemoryError):
+            continue
+        found.update(m.decode() for m in pattern.findall(data))
+        del data
+result = sorted(found)
+"""
+
+
+def test_nothing_of_earlier_executions_is_in_memory():
+    # A secret in the code, the output and the value of one execution; then 50 others, then the scan. The fork
+    # server has held all of them; the process snippets are forked from never has.
+    secret = uuid.uuid4().hex
+    pool = SandboxPool()
+    try:
+        first = pool.run(f"token = 'trl-ext-leak-{secret}'\nprint(token)\nresult = token", "result", Limits())
+        assert first.ok and secret in first.value
+        for i in range(50):
+            assert pool.run(f"result = {i}", "result", Limits()).ok
+        for _ in range(2):  # the next execution, and the one after (its child was forked while the scan ran)
+            scan = pool.run(SCAN_MEMORY, "result", Limits(timeout_s=20.0, memory_mb=2048))
+            assert scan.ok, scan
+            assert secret not in scan.value
+    finally:
+        pool.close()
+
+
 # -- network ------------------------------------------------------------------------------------------------------
 @needs_namespaces
 def test_tcp_to_local_listener(listeners):

@@ -6,17 +6,20 @@ must not import anything from `trl_ext` and must run on whichever interpreter ex
 
 At start the server isolates itself once: a private mount namespace in which every mount is read-only (nosuid,
 nodev), and a new network namespace with no usable interface; as a non-root user it first enters a new user
-namespace to be allowed to do so. It never runs snippet code itself. For each request it forks a fresh child
-(a copy of the pristine server, so nothing leaks between snippets), which enters new mount, PID and IPC namespaces,
-gets a private tmpfs on /tmp as its empty working directory and a fresh /proc, sets its rlimits, drops to an
-unprivileged uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only then
-executes the snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap) kills
+namespace to be allowed to do so. It never runs snippet code itself, and it never forks snippet processes either:
+before it reads its first request it forks a zygote, which from then on receives nothing but orders to fork, so the
+memory every snippet process inherits holds nothing of any earlier request, output or value. For each request the
+zygote forks a fresh child, which enters new mount, PID and IPC namespaces, gets a private tmpfs on /tmp as its
+empty working directory and a fresh /proc, reads its own request, sets its rlimits, drops to an unprivileged
+uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only then executes the
+snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap) kills
 anything it started; with the process limit at 0 it cannot start anything anyway.
 
 The snippet's value travels back as `repr()` text on a separate pipe, framed with a per-execution random nonce, so
 printing cannot forge it; the host reads it with `ast.literal_eval`, never with pickle.
 """
 
+import array
 import ctypes
 import errno
 import gc
@@ -27,6 +30,7 @@ import re
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 
@@ -162,19 +166,17 @@ class Server:
         self.root = os.getuid() == 0
         self.config = {"root": self.root, "uid": os.getuid()}
         self.namespaces, self.missing = isolate_server(self.config)
-        self.per_child_ns = 0
-        self.ready = None
-        self.zombies = []
-        if "mount" in self.namespaces:
-            self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
-            self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
-                                   for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
+        self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC if "mount" in self.namespaces else 0
+        self.ordered, self.forked = False, None
+        self.exits = {}  # pid -> exit status, as the zygote reported it when asked
         for name in PRELOAD:
             __import__(name)
         # Everything allocated so far is never freed: keep it out of the children's garbage collections, which would
         # otherwise walk (and copy, page by page) the whole inherited heap.
         gc.collect()
         gc.freeze()
+        # Before the first request is read: the zygote never holds request or reply data, so neither do children.
+        self.zygote = Zygote.start(self.per_child_ns, self.root)
 
     def describe(self):
         rlimits = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"]
@@ -190,154 +192,76 @@ class Server:
                 "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
 
     # -- one execution -------------------------------------------------------------------------------------------
-    # The next child is forked and isolated ahead of time (`prepare`, while the current snippet runs): it waits,
+    # The next child is ordered from the zygote ahead of time (`order`, while the current snippet runs): it waits,
     # privileged but running nothing else, for its request on a pipe; then it sets the request's rlimits, drops
-    # privileges and runs the snippet. So each snippet still gets a fresh child, and the fork and namespace setup
+    # privileges and runs the snippet. So each snippet still gets a fresh child, and the forks and namespace setup
     # overlap with the previous execution instead of adding to each one's latency.
-    def prepare(self):
-        self.reap()
-        if self.ready is not None:
-            return
-        out_r, out_w = os.pipe()
-        res_r, res_w = os.pipe()
-        req_r, req_w = os.pipe()
+    def order(self):
+        if not self.ordered:
+            self.zygote.send(b"f")
+            self.ordered = True
+
+    def from_zygote(self, timeout=None):
+        """Read the zygote's next message: an exit status goes to `exits`, a new child to `forked`. False on timeout;
+        SystemExit when the zygote is gone (the host then replaces this server)."""
+        if timeout is not None and not select.select([self.zygote], [], [], max(0.0, timeout))[0]:
+            return False
+        message, fds, _, _ = socket.recv_fds(self.zygote, 256, 3)
+        if not message:
+            raise SystemExit("the zygote exited")
+        reply = json.loads(message)
+        if "exited" in reply:
+            self.exits[reply["exited"]] = reply["status"]
+        else:
+            self.forked = (reply, fds)
+        return True
+
+    def receive(self):
+        """The ordered child: (pid, request pipe, output pipe, result pipe); OSError when the zygote could not make
+        it."""
+        self.order()
+        while self.forked is None:
+            self.from_zygote()
+        (reply, fds), self.forked, self.ordered = self.forked, None, False
+        self.exits.clear()  # late answers about children killed at their deadline
+        if "errno" in reply:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(reply["errno"], reply["error"])
+        return (reply["pid"], *fds)
+
+    def run(self, req):
+        try:
+            pid, req_w, out_r, res_r = self.receive()
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+                raise
+            return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
+                    "duration_s": 0.0}
         workdir = None
         if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
             workdir = "/tmp/trl-ext-sandbox-%s" % os.urandom(16).hex()
             os.mkdir(workdir, 0o700)
             if self.root:
                 os.chown(workdir, NOBODY, NOBODY)
-        try:
-            pid = self.fork_isolated()
-        except BaseException:
-            for fd in (out_r, out_w, res_r, res_w, req_r, req_w):
-                os.close(fd)
-            if workdir:
-                remove_tree(workdir)
-            raise
-        if pid == 0:
-            os.close(out_r), os.close(res_r), os.close(req_w)
-            self.child(req_r, out_w, res_w, workdir)  # never returns
-        os.close(out_w), os.close(res_w), os.close(req_r)
-        self.ready = (pid, req_w, out_r, res_r, workdir)
-
-    def run(self, req):
-        try:
-            self.prepare()
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
-                raise
-            return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
-                    "duration_s": 0.0}
-        (pid, req_w, out_r, res_r, workdir), self.ready = self.ready, None
-        req["nonce"] = os.urandom(16).hex()
+        req["nonce"], req["workdir"] = os.urandom(16).hex(), workdir
         start = time.monotonic()
         try:
             write_all(req_w, json.dumps(req).encode())
         except OSError:  # the child died while waiting: its exit status tells why
             pass
         os.close(req_w)
-        try:
-            self.prepare()  # the next child, while this one runs
-        except OSError:  # retried, and reported, by the next run()
-            pass
+        self.order()  # the next child, while this one runs
         try:
             return self.collect(pid, out_r, res_r, req["nonce"], req, start)
         finally:
             if workdir:
                 remove_tree(workdir)
 
-    def fork_isolated(self):
-        """Fork the child into fresh mount, PID and IPC namespaces with a private tmpfs on /tmp. The server enters
-        the new mount and IPC namespaces only for the fork and then returns to its own (setns), so one fork per
-        execution suffices and the child is PID 1 of its new PID namespace."""
-        if not self.per_child_ns:
-            return os.fork()
-        unshare(self.per_child_ns)
-        try:
-            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
-                TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
-            pid = os.fork()
-        except BaseException:
-            self.restore_namespaces()
-            raise
-        if pid:
-            self.restore_namespaces()
-        return pid
-
-    def restore_namespaces(self):
-        """Back to the server's own namespaces; a server that cannot return must not serve again (the host replaces
-        it when it exits)."""
-        for kind, fd in self.own_namespaces:
-            if libc.setns(fd, kind) != 0:
-                raise SystemExit("setns: %s" % os.strerror(ctypes.get_errno()))
-
-    def child(self, req_r, out_w, res_w, workdir):
-        """In the new namespaces, still privileged: finish the setup, wait for the request, set its limits, drop
-        privileges, run the snippet."""
-        early = None
-        try:
-            os.setsid()
-            if self.per_child_ns:
-                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            os.chdir(workdir or "/tmp")
-        except BaseException as exc:
-            early = exc
-        chunks = []
-        while True:
-            chunk = os.read(req_r, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        if not chunks:  # the server went away without a request
-            os._exit(1)
-        req = json.loads(b"".join(chunks))
-        nonce = req["nonce"]
-        try:
-            if early is not None:
-                raise early
-            os.close(req_r)
-            limit = lambda r, soft, hard=None: resource.setrlimit(r, (soft, soft if hard is None else hard))  # noqa
-            cpu = max(1, math.ceil(req["timeout_s"]))
-            limit(resource.RLIMIT_CPU, cpu, cpu + 1)
-            limit(resource.RLIMIT_AS, req["memory_mb"] << 20)
-            limit(resource.RLIMIT_FSIZE, req["file_kb"] << 10)
-            limit(resource.RLIMIT_NOFILE, 64)
-            limit(resource.RLIMIT_CORE, 0)
-            limit(resource.RLIMIT_NPROC, 0)
-            limit(resource.RLIMIT_MEMLOCK, 0)
-            if self.root:
-                os.setgroups([])
-                os.setresgid(NOBODY, NOBODY, NOBODY)
-                os.setresuid(NOBODY, NOBODY, NOBODY)
-            elif "user" in self.namespaces:
-                drop_capabilities()
-            prctl(PR_SET_NO_NEW_PRIVS, 1)
-            devnull = os.open("/dev/null", os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(out_w, 1)
-            os.dup2(out_w, 2)
-            os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
-            os.closerange(RESULT_FD + 1, 1 << 16)
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
-            os.environ.clear()
-            os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
-                               "LANG": "C.UTF-8"})
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-            if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
-                sys.modules["random"].seed()
-        except BaseException as exc:
-            write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
-            os._exit(0)
-        run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
-
     def collect(self, pid, out_r, res_r, nonce, req, start):
         """Read the child's output (capped) and its result until it closes both pipes; kill it on the wall-clock
-        timeout. A child that delivered its result is killed and reaped later: its namespaces are torn down while the
-        reply is already on its way."""
+        timeout. A child that delivered its result is killed and reaped later (by the zygote): its namespaces are
+        torn down while the reply is already on its way."""
         deadline = start + req["timeout_s"]
         out, res, error = bytearray(), bytearray(), None
         cap = req["max_output_bytes"]
@@ -379,25 +303,16 @@ class Server:
                 pid = None
         if pid is not None:
             self.kill(pid)
-            self.zombies.append(pid)
         reply["duration_s"] = time.monotonic() - start
         return reply
 
-    @staticmethod
-    def wait(pid, deadline):
-        while True:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got:
-                return status
-            if time.monotonic() >= deadline:
+    def wait(self, pid, deadline):
+        """The child's exit status (asked of the zygote, which reaps it), or None at the deadline."""
+        self.zygote.send(b"w%d" % pid)
+        while pid not in self.exits:
+            if not self.from_zygote(deadline - time.monotonic()):
                 return None
-            time.sleep(0.001)
-
-    def reap(self):
-        """Collect the children killed after their reply."""
-        for pid in list(self.zombies):
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                self.zombies.remove(pid)
+        return self.exits.pop(pid)
 
     @staticmethod
     def verdict(status):
@@ -416,6 +331,174 @@ class Server:
                 os.kill(target, signal.SIGKILL)
             except OSError:
                 pass
+
+
+class Zygote:
+    """The process every snippet process is forked from. It is forked from the server before the server reads its
+    first request and then receives nothing but one-byte orders, so its memory (which each snippet inherits) holds
+    no request, code, output or value of any execution. Per order it forks a child into new mount, PID and IPC
+    namespaces with a private tmpfs on /tmp (entering them with `unshare` and returning with `setns`, so one fork
+    suffices and the child is PID 1 there) and passes the child's pipes to the server over the control socket; the
+    child reads its own request from one of them. The zygote reaps its children; the server asks it for an exit
+    status when it needs one (a child that ended without a result)."""
+
+    def __init__(self, sock, per_child_ns, root):
+        self.sock, self.per_child_ns, self.root = sock, per_child_ns, root
+        self.statuses = {}
+        if per_child_ns:
+            self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
+                                   for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
+
+    @classmethod
+    def start(cls, per_child_ns, root):
+        server_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if os.fork():
+            zygote_end.close()
+            return server_end
+        server_end.close()
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        devnull = os.open("/dev/null", os.O_RDWR)
+        os.dup2(devnull, 0), os.dup2(devnull, 1)  # the server's request and reply streams
+        os.close(devnull)
+        try:
+            cls(zygote_end, per_child_ns, root).serve()
+        finally:
+            os._exit(0)
+
+    def serve(self):
+        while True:
+            order = self.sock.recv(16)
+            if not order:  # the server is gone
+                return
+            if order == b"f":
+                self.reap()
+                self.spawn()
+            else:  # b"w<pid>": the exit status of that child, once it has exited (the server kills it at its deadline)
+                pid = int(order[1:])
+                status = self.statuses.pop(pid, None)
+                if status is None:
+                    status = os.waitpid(pid, 0)[1]
+                self.sock.send(json.dumps({"exited": pid, "status": status}).encode())
+
+    def reap(self):
+        """Collect the children that have exited, keeping the latest statuses: the server asks for at most the one
+        of the child it is collecting."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            self.statuses[pid] = status
+            if len(self.statuses) > 16:
+                del self.statuses[next(iter(self.statuses))]
+
+    def spawn(self):
+        fds = []
+        try:
+            for _ in range(3):
+                fds += os.pipe()
+            out_r, out_w, res_r, res_w, req_r, req_w = fds
+            pid = self.fork_isolated()
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            self.sock.send(json.dumps({"errno": exc.errno, "error": str(exc)}).encode())
+            return
+        if pid == 0:
+            os.close(out_r), os.close(res_r), os.close(req_w)
+            self.sock.close()
+            child(req_r, out_w, res_w, self.per_child_ns, self.root)  # never returns
+        self.sock.sendmsg([json.dumps({"pid": pid}).encode()],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [req_w, out_r, res_r]))])
+        for fd in fds:
+            os.close(fd)
+
+    def fork_isolated(self):
+        if not self.per_child_ns:
+            return os.fork()
+        unshare(self.per_child_ns)
+        try:
+            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
+                TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
+            pid = os.fork()
+        except BaseException:
+            self.restore_namespaces()
+            raise
+        if pid:
+            self.restore_namespaces()
+        return pid
+
+    def restore_namespaces(self):
+        """Back to the zygote's own namespaces; one that cannot return must not fork again (the server, then the
+        host, replace it when it exits)."""
+        for kind, fd in self.own_namespaces:
+            if libc.setns(fd, kind) != 0:
+                os._exit(1)
+
+
+def child(req_r, out_w, res_w, per_child_ns, root):
+    """The snippet's process, in its new namespaces and still privileged: finish the setup, read its request, set
+    its limits, drop privileges, run the snippet."""
+    early = None
+    try:
+        os.setsid()
+        if per_child_ns:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except BaseException as exc:
+        early = exc
+    chunks = []
+    while True:
+        chunk = os.read(req_r, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if not chunks:  # the server went away without a request
+        os._exit(1)
+    req = json.loads(b"".join(chunks))
+    nonce = req["nonce"]
+    try:
+        if early is not None:
+            raise early
+        os.close(req_r)
+        os.chdir(req["workdir"] or "/tmp")
+        limit = lambda r, soft, hard=None: resource.setrlimit(r, (soft, soft if hard is None else hard))  # noqa
+        cpu = max(1, math.ceil(req["timeout_s"]))
+        limit(resource.RLIMIT_CPU, cpu, cpu + 1)
+        limit(resource.RLIMIT_AS, req["memory_mb"] << 20)
+        limit(resource.RLIMIT_FSIZE, req["file_kb"] << 10)
+        limit(resource.RLIMIT_NOFILE, 64)
+        limit(resource.RLIMIT_CORE, 0)
+        limit(resource.RLIMIT_NPROC, 0)
+        limit(resource.RLIMIT_MEMLOCK, 0)
+        if root:
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+        elif per_child_ns:
+            drop_capabilities()
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
+        os.closerange(RESULT_FD + 1, 1 << 16)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
+        os.environ.clear()
+        os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
+                           "LANG": "C.UTF-8"})
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
+            sys.modules["random"].seed()
+    except BaseException as exc:
+        write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
+        os._exit(0)
+    run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
 
 
 def read_message(res, nonce, max_value_bytes):
@@ -497,10 +580,7 @@ def main():
     requests, replies = sys.stdin.buffer, sys.stdout
     replies.write(json.dumps(server.describe()) + "\n")
     replies.flush()
-    try:
-        server.prepare()
-    except OSError:
-        pass
+    server.order()
     for line in requests:
         req = json.loads(line)
         try:
