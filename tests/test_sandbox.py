@@ -302,11 +302,15 @@ def test_interpreter_from_the_environment_comes_first(monkeypatch):
 
 @pytest.fixture
 def package_for_nobody():
-    """A copy of the sandbox package that uid 65534 can import, wherever the checkout lives (a clone in root's home
-    or under `mktemp -d` is not reachable by that uid): the directory to put on its PYTHONPATH."""
+    """A copy of the sandbox package and of its one dependency (pyseccomp, a single module) that uid 65534 can
+    import, wherever the checkout lives (a clone in root's home or under `mktemp -d` is not reachable by that uid):
+    the directory to put on its PYTHONPATH."""
+    import pyseccomp
+
     base = tempfile.mkdtemp(prefix="trl-ext-sandbox-pkg-", dir="/tmp")
     shutil.copytree(REPO / "trl_ext" / "sandbox", Path(base) / "sandbox",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(pyseccomp.__file__, base)
     for parent, dirs, files in os.walk(base):
         os.chmod(parent, 0o755)
         for name in files:
@@ -319,8 +323,8 @@ def package_for_nobody():
 def test_not_root_user_namespaces_or_a_warning(package_for_nobody):
     """As an unprivileged user: user + network namespaces where the kernel allows them, else rlimits only with a
     warning that names what is not isolated. Either way the snippet cannot reach the network or write the project."""
-    # The system interpreter lacks the project's dependencies; the sandbox package itself is standard library only,
-    # so it is imported as a top-level package.
+    # The system interpreter lacks the project's dependencies: the sandbox package is imported as a top-level
+    # package, from a copy that has its dependency next to it.
     script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
               "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
               "net = execute('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=1)')\n"

@@ -326,6 +326,90 @@ def test_nothing_of_earlier_executions_is_in_memory():
         pool.close()
 
 
+# -- kernel objects shared beyond the snippet (system-call filter) ------------------------------------------------
+def syscall_number(name: str) -> int:
+    import pyseccomp
+
+    return pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+
+
+def test_the_callers_session_keyring_is_out_of_reach():
+    # A secret in this process's session keyring (Kerberos caches, keyctl secrets live there): a snippet inherits
+    # possession of it unless it gets a keyring of its own, and possession grants access whatever the uid.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    description = f"trl-ext-test-{uuid.uuid4().hex[:8]}".encode()
+    key = libc.syscall(syscall_number("add_key"), b"user", description, b"hunter2", 7, -3)  # KEY_SPEC_SESSION_KEYRING
+    if key < 0:
+        pytest.skip(f"no session keyring here ({os.strerror(ctypes.get_errno())})")
+    try:
+        keyctl = syscall_number("keyctl")
+        result = execute(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(64)\n"
+                         f"found = libc.syscall({keyctl}, 10, -3, b'user', {description!r}, 0)\n"  # KEYCTL_SEARCH
+                         f"n = libc.syscall({keyctl}, 11, {key}, buf, 64)\n"  # KEYCTL_READ
+                         f"result = (found, buf.raw[:max(n, 0)])", result_var="result")
+        assert result.ok and result.value[0] < 0 and b"hunter2" not in result.value[1], result
+    finally:
+        libc.syscall(syscall_number("keyctl"), 3, key)  # KEYCTL_REVOKE
+
+
+def test_the_uids_user_keyring_is_not_a_channel():
+    # Every process of the uid shares its user keyring: a program that writes there can behave differently on its
+    # next run (pass a two-run determinism check, then grade 1, 0, 1, 0).
+    add_key = syscall_number("add_key")
+    fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          f"assert libc.syscall({add_key}, b'user', b'trl-ext-counter', b'1', 1, -4) >= 0, 'add_key refused'",
+          "add_key refused")  # KEY_SPEC_USER_KEYRING
+
+
+def test_no_nested_namespaces_or_memory_outside_the_limit():
+    # A nested user namespace may mount a tmpfs of any size; memfd and System V shared memory are not counted by
+    # RLIMIT_AS either.
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+          "assert libc.unshare(0x10000000 | 0x00020000) == 0, 'unshare refused'", "unshare refused")
+    fails("import os\nos.memfd_create('x')", "PermissionError")
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+          "assert libc.shmget(0, 1 << 30, 0o1600) >= 0, 'shmget refused'", "shmget refused")
+    for name in ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "ptrace", "process_vm_readv"):
+        fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall({syscall_number(name)}, 0, 0, 0, 0, 0)\n"
+              f"assert ctypes.get_errno() != 1, 'EPERM'", "EPERM")
+
+
+STDLIB_PROGRAMS = [
+    "import json\nresult = json.loads(json.dumps({'a': [1, 2.5, None, True], 'b': 'é'}))",
+    "import re\nresult = re.findall(r'(\\w+)@(\\w+)', 'a@b c@d') + [re.sub('[aeiou]', '', 'sandbox')]",
+    "import itertools\nresult = list(itertools.permutations('abc', 2)) + list(itertools.accumulate(range(6)))",
+    "import collections\nresult = collections.Counter('mississippi').most_common(2) + list(collections.deque([1, 2], 2))",
+    "import math\nresult = (math.gcd(84, 36), math.comb(20, 7), math.isqrt(10**20 + 1), math.factorial(30))",
+    "import dataclasses\n@dataclasses.dataclass(order=True)\nclass P:\n    x: int\n    y: int = 0\n"
+    "result = sorted(dataclasses.astuple(p) for p in [P(2, 1), P(1, 5)])",
+    "import functools\n@functools.lru_cache(None)\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    "result = (fib(90), functools.reduce(lambda a, b: a * b, range(1, 15)))",
+    "import heapq\nh = [5, 1, 8, 3, 2]\nheapq.heapify(h)\nresult = [heapq.heappop(h) for _ in range(3)] + heapq.nlargest(2, h)",
+    "import decimal\ndecimal.getcontext().prec = 40\nresult = str(decimal.Decimal(2).sqrt())",
+    "import fractions\nresult = str(sum(fractions.Fraction(1, n) for n in range(1, 20)))",
+    "import datetime\nd = datetime.date(2024, 2, 28) + datetime.timedelta(days=2)\n"
+    "result = (d.isoformat(), d.weekday(), datetime.datetime(2024, 1, 1, 12).strftime('%A %H:%M'))",
+    "result = ('%5.2f|%-4s|%x' % (3.14159, 'ab', 255), '{:>8,}'.format(1234567), f'{0.5:.1%}', format(7, '08b'))",
+    "import sys\nsys.setrecursionlimit(5000)\ndef depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n"
+    "result = depth(3000)",
+    "import random\nrandom.seed(3)\nresult = (random.randint(1, 100), random.sample(range(50), 3))",
+    "import string, textwrap, bisect, operator, copy, typing, statistics\n"
+    "result = (string.ascii_lowercase[:5], textwrap.wrap('a b c d e f', 5), bisect.bisect([1, 3, 5], 4), "
+    "statistics.median([3, 1, 2]))",
+]
+
+
+@pytest.mark.parametrize("code", STDLIB_PROGRAMS)
+def test_standard_library_behaves_as_without_the_filter(code):
+    scope = {"__name__": "__main__"}
+    exec(compile(code, "<snippet>", "exec"), scope)
+    result = execute(code, result_var="result", timeout_s=10.0)
+    assert result.ok, result
+    assert result.value == scope["result"]
+
+
 # -- network ------------------------------------------------------------------------------------------------------
 @needs_namespaces
 def test_tcp_to_local_listener(listeners):

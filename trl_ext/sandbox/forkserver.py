@@ -40,7 +40,8 @@ CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 22, 38
+SECCOMP_MODE_FILTER, KEYCTL_JOIN_SESSION_KEYRING = 2, 1
 MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
                "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 NOBODY = 65534
@@ -76,6 +77,30 @@ def prctl(option, arg):
     _check(libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), "prctl %d" % option)
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+class SyscallFilter:
+    """The BPF program the host compiled with libseccomp (see `trl_ext.sandbox.syscall_filter`), held ready so that
+    each child only installs it."""
+
+    def __init__(self, program):
+        self.buffer = ctypes.create_string_buffer(program, len(program))
+        self.fprog = SockFprog(len(program) // 8, ctypes.addressof(self.buffer))
+
+    def install(self):
+        _check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self.fprog),
+                          ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+
+
+def join_new_session_keyring(keyctl):
+    """Leave the inherited session keyring (the trainer's: Kerberos caches, secrets) for a new, empty one. Where the
+    call is refused (a container's own filter) the keyring calls are refused to the snippet as well."""
+    if keyctl is not None:
+        libc.syscall(ctypes.c_long(keyctl), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None)
+
+
 def drop_capabilities():
     """capset(2) with empty sets: what a user-namespace root keeps after its setup."""
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
@@ -93,6 +118,23 @@ def mount_points():
             point = re.sub(rb"\\([0-7]{3})", lambda m: bytes((int(m.group(1), 8),)), fields[4])
             points.append((point, fields[5].decode("ascii", "replace").split(",")))
     return points
+
+
+def memory_cgroup_delegated():
+    """Whether a cgroup v2 memory controller (which would also count kernel memory) is delegated to this process:
+    reported by `isolation()`, not used (the address-space limit is)."""
+    delegated = False
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+        mounts = [line.split(b" ") for line in open("/proc/self/mountinfo", "rb")]
+        roots = [fields[4].decode() for fields in mounts if fields[fields.index(b"-") + 1] == b"cgroup2"]
+        for root in roots if path else ():
+            with open(os.path.join(root, path.lstrip("/"), "cgroup.controllers")) as f:
+                delegated = delegated or "memory" in f.read().split()
+    except (OSError, ValueError, StopIteration):
+        pass
+    return delegated
 
 
 def isolate_server(config):
@@ -162,10 +204,17 @@ def isolate_server(config):
 
 
 class Server:
-    def __init__(self):
+    def __init__(self, config):
         self.root = os.getuid() == 0
-        self.config = {"root": self.root, "uid": os.getuid()}
+        self.config = dict(config, root=self.root, uid=os.getuid())
+        join_new_session_keyring(config.get("keyctl"))
+        self.memory_cgroup = memory_cgroup_delegated()
         self.namespaces, self.missing = isolate_server(self.config)
+        if config.get("filter"):
+            self.filter = SyscallFilter(bytes.fromhex(config["filter"]))
+        else:
+            self.filter = None
+            self.missing.append(config.get("filter_missing") or "no system-call filter")
         self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC if "mount" in self.namespaces else 0
         self.ordered, self.forked = False, None
         self.exits = {}  # pid -> exit status, as the zygote reported it when asked
@@ -176,7 +225,7 @@ class Server:
         gc.collect()
         gc.freeze()
         # Before the first request is read: the zygote never holds request or reply data, so neither do children.
-        self.zygote = Zygote.start(self.per_child_ns, self.root)
+        self.zygote = Zygote.start(self)
 
     def describe(self):
         rlimits = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"]
@@ -187,8 +236,15 @@ class Server:
             uid, privileges = self.config["uid"], "all capabilities dropped, no_new_privs"
         else:
             uid, privileges = self.config["uid"], "unchanged (the caller's uid), no_new_privs"
+        if self.filter is not None:
+            privileges += ", system-call filter (seccomp), a new session keyring"
+        memory = "RLIMIT_AS per snippet; outside its address space it can hold the 16 MiB of its /tmp%s; %s" % (
+            " (the system-call filter denies memfd, System V and POSIX shared memory, keyrings and mounts)"
+            if self.filter else " and whatever memfd, shared memory, keyrings or mounts hold",
+            "a cgroup v2 memory controller is delegated here but not used" if self.memory_cgroup
+            else "no cgroup v2 memory controller is delegated here")
         return {"namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
-                "missing": self.missing,
+                "missing": self.missing, "memory": memory,
                 "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
 
     # -- one execution -------------------------------------------------------------------------------------------
@@ -342,15 +398,16 @@ class Zygote:
     child reads its own request from one of them. The zygote reaps its children; the server asks it for an exit
     status when it needs one (a child that ended without a result)."""
 
-    def __init__(self, sock, per_child_ns, root):
-        self.sock, self.per_child_ns, self.root = sock, per_child_ns, root
+    def __init__(self, sock, server):
+        self.sock, self.per_child_ns, self.root = sock, server.per_child_ns, server.root
+        self.filter, self.keyctl = server.filter, server.config.get("keyctl")
         self.statuses = {}
-        if per_child_ns:
+        if self.per_child_ns:
             self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
                                    for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
 
     @classmethod
-    def start(cls, per_child_ns, root):
+    def start(cls, server):
         server_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         if os.fork():
             zygote_end.close()
@@ -361,7 +418,7 @@ class Zygote:
         os.dup2(devnull, 0), os.dup2(devnull, 1)  # the server's request and reply streams
         os.close(devnull)
         try:
-            cls(zygote_end, per_child_ns, root).serve()
+            cls(zygote_end, server).serve()
         finally:
             os._exit(0)
 
@@ -409,7 +466,7 @@ class Zygote:
         if pid == 0:
             os.close(out_r), os.close(res_r), os.close(req_w)
             self.sock.close()
-            child(req_r, out_w, res_w, self.per_child_ns, self.root)  # never returns
+            child(req_r, out_w, res_w, self)  # never returns
         self.sock.sendmsg([json.dumps({"pid": pid}).encode()],
                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [req_w, out_r, res_r]))])
         for fd in fds:
@@ -438,13 +495,14 @@ class Zygote:
                 os._exit(1)
 
 
-def child(req_r, out_w, res_w, per_child_ns, root):
+def child(req_r, out_w, res_w, zygote):
     """The snippet's process, in its new namespaces and still privileged: finish the setup, read its request, set
     its limits, drop privileges, run the snippet."""
     early = None
     try:
         os.setsid()
-        if per_child_ns:
+        join_new_session_keyring(zygote.keyctl)
+        if zygote.per_child_ns:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except BaseException as exc:
         early = exc
@@ -472,11 +530,11 @@ def child(req_r, out_w, res_w, per_child_ns, root):
         limit(resource.RLIMIT_CORE, 0)
         limit(resource.RLIMIT_NPROC, 0)
         limit(resource.RLIMIT_MEMLOCK, 0)
-        if root:
+        if zygote.root:
             os.setgroups([])
             os.setresgid(NOBODY, NOBODY, NOBODY)
             os.setresuid(NOBODY, NOBODY, NOBODY)
-        elif per_child_ns:
+        elif zygote.per_child_ns:
             drop_capabilities()
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         devnull = os.open("/dev/null", os.O_RDONLY)
@@ -495,6 +553,8 @@ def child(req_r, out_w, res_w, per_child_ns, root):
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
             sys.modules["random"].seed()
+        if zygote.filter is not None:  # last: the setup above needs some of the calls it denies
+            zygote.filter.install()
     except BaseException as exc:
         write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
         os._exit(0)
@@ -576,7 +636,7 @@ def run_snippet(code, result_var, nonce, max_value_bytes):
 def main():
     # Started with `-c`: drop the working directory from the import path, as `-I` would.
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-    server = Server()
+    server = Server(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
     requests, replies = sys.stdin.buffer, sys.stdout
     replies.write(json.dumps(server.describe()) + "\n")
     replies.flush()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import functools
 import json
 import os
 import queue
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from .interpreter import sandbox_interpreter
 from .result import ExecutionResult
+from .syscall_filter import compile_filter
 
 
 SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
@@ -63,7 +65,7 @@ class ForkServer:
 
     def __init__(self, interpreter: str):
         self.proc = subprocess.Popen(
-            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text()],
+            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps(server_config())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SERVER_ENV,
         )
         self._pending = b""
@@ -111,6 +113,13 @@ class ForkServer:
             self.proc.wait()
         self.proc.stdout.close()
         self.proc.stderr.close()
+
+
+@functools.lru_cache(maxsize=None)
+def server_config() -> dict:
+    """What the fork servers get from the host on their command line: the compiled system-call filter."""
+    program, keyctl, missing = compile_filter()
+    return {"filter": program.hex() if program else None, "keyctl": keyctl, "filter_missing": missing}
 
 
 def to_result(reply: dict, result_var: str | None, limits: Limits) -> ExecutionResult:
