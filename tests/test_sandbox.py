@@ -319,49 +319,88 @@ def package_for_nobody():
     shutil.rmtree(base)
 
 
+@pytest.fixture
+def home_of_nobody():
+    """A home directory for uid 65534 (its own is /nonexistent) holding a 0600 token, as a training user's has; in
+    /srv, which the sandbox shows read-only like any host path (not /tmp, which each snippet gets empty)."""
+    Path("/srv").mkdir(exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="trl-ext-home-", dir="/srv"))
+    (home / ".cache").mkdir()
+    (home / ".cache" / "token").write_text("hf_secret")
+    for path in (home, home / ".cache", home / ".cache" / "token"):
+        os.chown(path, NOBODY, NOBODY)
+    os.chmod(home / ".cache" / "token", 0o600)
+    os.chmod(home, 0o700)
+    yield home
+    shutil.rmtree(home)
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="starts the non-root case as uid 65534")
-def test_not_root_user_namespaces_or_a_warning(package_for_nobody):
-    """As an unprivileged user: user + network namespaces where the kernel allows them, else rlimits only with a
-    warning that names what is not isolated. Either way the snippet cannot reach the network or write the project."""
+def test_not_root_user_namespaces_or_a_refusal(package_for_nobody, home_of_nobody):
+    """As an unprivileged user: user + network namespaces where the kernel allows them, and the home directory
+    hidden (the snippet keeps the uid, so it could read the user's 0600 tokens); else a refusal that says how to opt
+    in. The snippet cannot reach the network, write the project or read the token."""
     # The system interpreter lacks the project's dependencies: the sandbox package is imported as a top-level
     # package, from a copy that has its dependency next to it.
+    token = home_of_nobody / ".cache" / "token"
     script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
-              "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
+              "try:\n    info = isolation()\nexcept RuntimeError as exc:\n    print(json.dumps(str(exc)))\n"
+              "    raise SystemExit\n"
               "net = execute('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=1)')\n"
               f"write = execute('open(\"{REPO}/pwned\", \"w\")')\n"
-              "print(json.dumps([info, [str(w.message) for w in caught], net.error, write.error]))")
+              f"read = execute('print(open(\"{token}\").read())')\n"
+              "print(json.dumps([info, net.error, write.error, read.error, read.stdout]))")
     done = subprocess.run([sandbox_interpreter(), "-s", "-c", script], user=NOBODY, group=NOBODY, extra_groups=[],
-                          env={"PYTHONPATH": package_for_nobody, "PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
-                          text=True, timeout=120)
+                          env={"PYTHONPATH": package_for_nobody, "PATH": "/usr/bin:/bin", "HOME": str(home_of_nobody)},
+                          cwd="/", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    info, warned, net_error, write_error = json.loads(done.stdout.splitlines()[-1])
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    if isinstance(outcome, str):  # user namespaces refused here: no silent fallback
+        assert "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in outcome and "allow_unisolated=True" in outcome
+        return
+    info, net_error, write_error, read_error, read_stdout = outcome
+    assert read_error and "FileNotFoundError" in read_error and "hf_secret" not in read_stdout
     assert net_error and write_error and not (REPO / "pwned").exists()
-    if "user" in info["namespaces"]:
-        assert {"network", "mount", "pid"} <= set(info["namespaces"]) and warned == []
-    else:
-        assert info["missing"] and warned and "not fully isolated" in warned[0]
+    assert info["mode"] == "user namespace" and {"network", "mount", "pid"} <= set(info["namespaces"])
+    assert info["missing"] == []
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root and util-linux unshare")
-def test_rlimits_only_fallback_warns_and_names_what_is_missing(package_for_nobody):
-    """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them), snippets run with
-    the rlimits only and a warning names what is not isolated."""
-    script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
-              "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
-              "fork = execute('import os\\nos.fork()')\ncpu = execute('while True: pass', timeout_s=1)\n"
-              "print(json.dumps([info, [str(w.message) for w in caught], fork.error, cpu.error]))")
-    inner = (f"{sandbox_interpreter()} -s -c {shlex.quote(script)}")
+def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobody):
+    """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them) the sandbox refuses
+    to run unless the caller opts in. Opted in, snippets still cannot read the host's environment (API keys) or
+    memory, write into another fork server's reply pipe, or write outside their own directory."""
+    script = ("import json, os, warnings\nwarnings.simplefilter('always')\n"
+              "from sandbox import SandboxPool\nfrom sandbox.pool import Limits\n"
+              "try:\n    SandboxPool().info()\n    refused = None\nexcept RuntimeError as exc:\n    refused = str(exc)\n"
+              "pool = SandboxPool(allow_unisolated=True)\n"
+              "with warnings.catch_warnings(record=True) as caught:\n    info = pool.info()\n"
+              "pool.run_many(['result = 1'] * 4, 'result', Limits(), 2)\n"
+              "other = pool._servers[-1].proc.pid\n"
+              "run = lambda code, **kw: pool.run(code, 'result', Limits(**kw)).error\n"
+              "errors = [run(f'result = open(\"/proc/{os.getpid()}/environ\", \"rb\").read()'),\n"
+              "          run(f'result = open(\"/proc/{os.getpid()}/mem\", \"rb\").read(1)'),\n"
+              "          run(f'open(\"/proc/{other}/fd/1\", \"w\").write(\"forged\\\\n\")'),\n"
+              "          run('open(\"/tmp/trl-ext-pwned\", \"w\").write(\"x\")'),\n"
+              "          run('import os\\nos.fork()'), run('while True: pass', timeout_s=1)]\n"
+              "ok = run('open(\"own\", \"w\").write(\"x\")\\nresult = open(\"own\").read()')\n"
+              "print(json.dumps([refused, info, [str(w.message) for w in caught], errors, ok]))")
+    inner = f"{sandbox_interpreter()} -s -c {shlex.quote(script)}"
     shell = ("mount -t tmpfs none /mnt && mkdir /mnt/r && mount --rbind / /mnt/r && chroot /mnt/r setpriv "
-             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={package_for_nobody} PATH=/usr/bin:/bin "
-             + inner)
+             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={package_for_nobody} "
+             "PATH=/usr/bin:/bin TRL_EXT_TEST_SECRET=hunter2 " + inner)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True,
                           text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
-    info, warned, fork_error, cpu_error = json.loads(done.stdout.splitlines()[-1])
-    assert info["namespaces"] == [] and info["uid"] == NOBODY
+    refused, info, warned, errors, ok = json.loads(done.stdout.splitlines()[-1])
+    assert refused and "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in refused and "allow_unisolated=True" in refused
+    assert info["mode"] == "unisolated (opted in)" and info["namespaces"] == [] and info["uid"] == NOBODY
     assert any("network" in m for m in info["missing"]) and any("file system" in m for m in info["missing"])
-    assert len(warned) == 1 and "not fully isolated" in warned[0] and "sockets can reach the network" in warned[0]
-    assert "BlockingIOError" in fork_error and cpu_error.startswith("timeout")  # wall clock or CPU rlimit
+    assert len(warned) == 1 and "not fully isolated" in warned[0]
+    environ, mem, pipe, outside, fork, cpu = errors
+    assert environ and mem and pipe and outside  # PermissionError: not dumpable, Landlock
+    assert "BlockingIOError" in fork and cpu.startswith("timeout")  # wall clock or CPU rlimit
+    assert ok is None  # its own directory stays writable
 
 
 @pytest.mark.parametrize("kwargs, field", [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),

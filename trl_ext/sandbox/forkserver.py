@@ -152,11 +152,8 @@ def isolate_server(config):
             with open("/proc/self/gid_map", "w") as f:
                 f.write("%d %d 1" % (gid, gid))
             namespaces.append("user")
-        except OSError as exc:
-            missing += ["user namespace refused (%s)" % exc.strerror, "network: sockets can reach the network",
-                        "file system: writable wherever uid %d may write, /tmp shared" % uid,
-                        "processes: snippets see and may signal the other processes of uid %d" % uid]
-            return namespaces, missing
+        except OSError as exc:  # what else is missing then depends on Landlock (see Server)
+            return namespaces, ["user namespace refused (%s)" % exc.strerror]
     try:
         unshare(CLONE_NEWNET)
         namespaces.append("network")
@@ -198,9 +195,86 @@ def isolate_server(config):
                 mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
             except OSError:
                 failed.append(point)
+    if "user" in namespaces and config.get("home") not in (None, "/"):
+        # The snippet keeps the caller's uid here: without this it reads every file of the caller's home directory
+        # (tokens, keys, caches), mode 0600 included.
+        try:
+            hide(config["home"], [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path)
+        except OSError:
+            failed.append(config["home"])
     if failed:
         missing.append("read-only remount or hiding failed for: %s" % ", ".join(failed))
     return namespaces, missing
+
+
+def hide(directory, keep):
+    """Cover `directory` with an empty read-only tmpfs, except the directories of `keep` inside it (the
+    interpreter's own files), which are bound back in place, read-only."""
+    inside = sorted({os.path.realpath(k) for k in keep if k and os.path.isdir(k)
+                     and os.path.realpath(k).startswith(os.path.realpath(directory).rstrip("/") + "/")})
+    inside = [k for k in inside if not any(k.startswith(other + "/") for other in inside)]
+    handles = [(k, os.open(k, os.O_PATH | os.O_CLOEXEC)) for k in inside]
+    try:
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=256,mode=0755")
+        for path, fd in handles:
+            os.makedirs(path, exist_ok=True)
+            mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount(None, directory, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    finally:
+        for _, fd in handles:
+            os.close(fd)
+
+
+# Landlock (unprivileged file-system, network and scope rules), for the opted-in mode without namespaces.
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # the same on every architecture
+LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR, LL_TRUNCATE, LL_IOCTL_DEV = 1, 2, 4, 8, 1 << 14, 1 << 15
+LL_READ = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc")
+PR_SET_DUMPABLE = 4
+
+
+class LandlockRulesetAttr(ctypes.Structure):
+    _fields_ = (("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64))
+
+
+class LandlockPathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+def landlock_abi():
+    return max(0, libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+
+
+def landlock(abi, readable, writable):
+    """Restrict this process (and what it starts) to reading `readable`, reading and writing `writable`, no TCP
+    (ABI 4), and no signals or abstract Unix sockets beyond its own domain (ABI 6)."""
+    fs = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0) | (
+        LL_IOCTL_DEV if abi >= 5 else 0)
+    attr = LandlockRulesetAttr(fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        _check(ruleset, "landlock_create_ruleset")
+    try:
+        file_rights = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (fs & (LL_TRUNCATE | LL_IOCTL_DEV))
+        for path, access in [(p, LL_READ) for p in readable] + [(p, fs) for p in writable]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rule = LandlockPathBeneath(access & fs if os.path.isdir(path) else access & file_rights, fd)
+                _check(libc.syscall(ctypes.c_long(LANDLOCK_ADD_RULE), ruleset, 1, ctypes.byref(rule), 0),
+                       "landlock_add_rule %s" % path)
+            finally:
+                os.close(fd)
+        _check(libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
 
 
 class Server:
@@ -210,6 +284,11 @@ class Server:
         join_new_session_keyring(config.get("keyctl"))
         self.memory_cgroup = memory_cgroup_delegated()
         self.namespaces, self.missing = isolate_server(self.config)
+        self.refused, self.landlock = None, 0
+        if not self.root and not self.namespaces:
+            self.refused = self.unisolated(config.get("allow_unisolated"))
+            if self.refused:
+                return
         if config.get("filter"):
             self.filter = SyscallFilter(bytes.fromhex(config["filter"]))
         else:
@@ -227,7 +306,35 @@ class Server:
         # Before the first request is read: the zygote never holds request or reply data, so neither do children.
         self.zygote = Zygote.start(self)
 
+    def unisolated(self, allowed):
+        """Without namespaces a snippet runs as the caller's uid, next to the caller's processes: it could read
+        their memory and environment (/proc/<pid>/mem, environ) and write into another fork server's pipes. Only
+        when the caller opted in, and then with what works unprivileged: the host and the servers not dumpable
+        (no /proc access, no ptrace by the same uid), Landlock, the system-call filter. Returns why it is refused,
+        or None."""
+        if not allowed:
+            return self.missing[0]
+        prctl(PR_SET_DUMPABLE, 0)
+        self.landlock = landlock_abi()
+        uid = self.config["uid"]
+        if self.landlock:
+            self.readable = [p for p in SYSTEM_DIRS + (sys.prefix, sys.base_prefix, sys.exec_prefix)
+                             + tuple(sys.path) + ("/dev/urandom", "/dev/zero") if p]
+            self.missing.append("file system: Landlock (ABI %d) limits reads to the system and interpreter "
+                                "directories and writes to the snippet's own directory" % self.landlock)
+            self.missing.append("network: %s" % ("UDP and Unix sockets can reach the host (Landlock denies TCP)"
+                                                 if self.landlock >= 4 else "sockets can reach the network"))
+            if self.landlock < 6:
+                self.missing.append("processes: snippets may signal the other processes of uid %d" % uid)
+        else:
+            self.missing += ["Landlock unavailable", "network: sockets can reach the network",
+                             "file system: readable and writable wherever uid %d may, /tmp shared" % uid,
+                             "processes: snippets see and may signal the other processes of uid %d" % uid]
+        return None
+
     def describe(self):
+        if self.refused:
+            return {"refused": self.refused}
         rlimits = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"]
         namespaces = list(self.namespaces) + ["ipc"] * bool(self.per_child_ns)
         if self.root:
@@ -238,12 +345,16 @@ class Server:
             uid, privileges = self.config["uid"], "unchanged (the caller's uid), no_new_privs"
         if self.filter is not None:
             privileges += ", system-call filter (seccomp), a new session keyring"
-        memory = "RLIMIT_AS per snippet; outside its address space it can hold the 16 MiB of its /tmp%s; %s" % (
+        if self.landlock:
+            privileges += ", Landlock, fork servers and host not dumpable"
+        memory = "RLIMIT_AS per snippet; outside its address space it can hold %s%s; %s" % (
+            "the 16 MiB of its /tmp" if self.per_child_ns else "files in its directory (file_kb each)",
             " (the system-call filter denies memfd, System V and POSIX shared memory, keyrings and mounts)"
             if self.filter else " and whatever memfd, shared memory, keyrings or mounts hold",
             "a cgroup v2 memory controller is delegated here but not used" if self.memory_cgroup
             else "no cgroup v2 memory controller is delegated here")
-        return {"namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
+        mode = "root" if self.root else "user namespace" if self.namespaces else "unisolated (opted in)"
+        return {"mode": mode, "namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
                 "missing": self.missing, "memory": memory,
                 "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
 
@@ -401,6 +512,7 @@ class Zygote:
     def __init__(self, sock, server):
         self.sock, self.per_child_ns, self.root = sock, server.per_child_ns, server.root
         self.filter, self.keyctl = server.filter, server.config.get("keyctl")
+        self.landlock, self.readable = server.landlock, getattr(server, "readable", None)
         self.statuses = {}
         if self.per_child_ns:
             self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
@@ -553,6 +665,8 @@ def child(req_r, out_w, res_w, zygote):
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
             sys.modules["random"].seed()
+        if zygote.landlock:
+            landlock(zygote.landlock, zygote.readable, [os.getcwd(), "/dev/null"])
         if zygote.filter is not None:  # last: the setup above needs some of the calls it denies
             zygote.filter.install()
     except BaseException as exc:
@@ -640,6 +754,8 @@ def main():
     requests, replies = sys.stdin.buffer, sys.stdout
     replies.write(json.dumps(server.describe()) + "\n")
     replies.flush()
+    if server.refused:
+        return
     server.order()
     for line in requests:
         req = json.loads(line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import ctypes
 import functools
 import json
 import os
@@ -33,6 +34,9 @@ SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
 # because `-I` ignores PYTHONHASHSEED: a fixed hash seed makes the iteration order of sets of strings the same in
 # every worker, on every rank and across restarts, so an execution's value does not depend on where it ran.
 SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+# Opting in to the mode without namespaces (non-root where user namespaces are refused).
+ALLOW_ENV = "TRL_EXT_SANDBOX_ALLOW_UNISOLATED"
+PR_SET_DUMPABLE = 4
 # Seconds the host waits beyond a snippet's own timeout before it declares its server hung and replaces it.
 SERVER_GRACE_S = 30.0
 
@@ -63,9 +67,10 @@ class Limits:
 class ForkServer:
     """One fork-server process and its line protocol (a JSON request per line in, a JSON reply per line out)."""
 
-    def __init__(self, interpreter: str):
+    def __init__(self, interpreter: str, allow_unisolated: bool = False):
+        config = {**server_config(), "allow_unisolated": allow_unisolated, "home": os.path.expanduser("~")}
         self.proc = subprocess.Popen(
-            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps(server_config())],
+            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SERVER_ENV,
         )
         self._pending = b""
@@ -76,6 +81,17 @@ class ForkServer:
             self.close()
             raise RuntimeError(f"The sandbox fork server ({interpreter}) did not start: {message}")
         self.info = json.loads(hello)
+        if "refused" in self.info:
+            self.close()
+            raise RuntimeError(
+                f"The sandbox cannot isolate snippets here: {self.info['refused']}, so they would run as your uid "
+                f"next to your processes (able to read their memory and environment, API keys included). Run as "
+                f"root or where unprivileged user namespaces are allowed (Docker's default profile and recent "
+                f"Ubuntu refuse them), or accept this explicitly with {ALLOW_ENV}=1 or "
+                f"SandboxPool(allow_unisolated=True): snippets then run with rlimits, the system-call filter, "
+                f"Landlock where the kernel has it, and this process not dumpable.")
+        if self.info["mode"] == "unisolated (opted in)":
+            make_undumpable()
 
     def _read_line(self, deadline: float) -> bytes | None:
         fd = self.proc.stdout.fileno()
@@ -115,6 +131,16 @@ class ForkServer:
         self.proc.stderr.close()
 
 
+def make_undumpable():
+    """PR_SET_DUMPABLE 0 on this process: processes of the same uid (the snippets, when nothing else separates
+    them) can no longer read its /proc/<pid>/environ or memory, nor ptrace it."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def allow_unisolated_from_env() -> bool:
+    return os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 @functools.lru_cache(maxsize=None)
 def server_config() -> dict:
     """What the fork servers get from the host on their command line: the compiled system-call filter."""
@@ -144,8 +170,11 @@ def to_result(reply: dict, result_var: str | None, limits: Limits) -> ExecutionR
 class SandboxPool:
     """Idle fork servers, started on demand and reused; thread-safe."""
 
-    def __init__(self, interpreter: str | None = None):
+    def __init__(self, interpreter: str | None = None, allow_unisolated: bool | None = None):
+        """`allow_unisolated`: run snippets even where no namespace can be created (see `ForkServer`); default: the
+        environment variable TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1."""
         self.interpreter = interpreter
+        self.allow_unisolated = allow_unisolated_from_env() if allow_unisolated is None else allow_unisolated
         self.pid = os.getpid()
         self._idle: queue.LifoQueue[ForkServer] = queue.LifoQueue()
         self._servers: list[ForkServer] = []
@@ -157,7 +186,7 @@ class SandboxPool:
             return self._idle.get_nowait()
         except queue.Empty:
             pass
-        server = ForkServer(self.interpreter or sandbox_interpreter())
+        server = ForkServer(self.interpreter or sandbox_interpreter(), self.allow_unisolated)
         with self._lock:
             self._servers.append(server)
             if server.info["missing"] and not self._warned:
