@@ -90,7 +90,7 @@ class ForkServer:
                 f"Ubuntu refuse them), or accept this explicitly with {ALLOW_ENV}=1 or "
                 f"SandboxPool(allow_unisolated=True): snippets then run with rlimits, the system-call filter, "
                 f"Landlock where the kernel has it, and this process not dumpable.")
-        if self.info["mode"] == "unisolated (opted in)":
+        if self.info.get("mode") == "unisolated (opted in)":  # (a server of an older design has no mode)
             make_undumpable()
 
     def _read_line(self, deadline: float) -> bytes | None:
@@ -143,9 +143,10 @@ def allow_unisolated_from_env() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def server_config() -> dict:
-    """What the fork servers get from the host on their command line: the compiled system-call filter."""
-    program, keyctl, missing = compile_filter()
-    return {"filter": program.hex() if program else None, "keyctl": keyctl, "filter_missing": missing}
+    """What the fork servers get from the host on their command line: the compiled system-call filter and the
+    numbers of the calls they make without a C library wrapper."""
+    program, numbers, missing = compile_filter()
+    return {"filter": program.hex() if program else None, "filter_missing": missing, **numbers}
 
 
 def to_result(reply: dict, result_var: str | None, limits: Limits) -> ExecutionResult:

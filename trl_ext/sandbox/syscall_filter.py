@@ -34,12 +34,13 @@ DENIED = (
 )
 
 
-def compile_filter() -> tuple[bytes | None, int | None, str | None]:
-    """(BPF program, the `keyctl` system-call number, None), or (None, None, why no filter can be built here)."""
+def compile_filter() -> tuple[bytes | None, dict[str, int], str | None]:
+    """(BPF program, the numbers of the `keyctl` and `seccomp` system calls, None), or (None, {}, why no filter can be
+    built here)."""
     try:
         import pyseccomp as seccomp
     except (ImportError, OSError, RuntimeError) as exc:  # RuntimeError: libseccomp.so.2 not found
-        return None, None, f"no system-call filter: libseccomp unavailable ({exc})"
+        return None, {}, f"no system-call filter: libseccomp unavailable ({exc})"
     deny = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     for name in DENIED:
@@ -54,4 +55,4 @@ def compile_filter() -> tuple[bytes | None, int | None, str | None]:
         rules.export_bpf(out)
         out.seek(0)
         program = out.read()
-    return program, seccomp.resolve_syscall(seccomp.Arch.NATIVE, "keyctl"), None
+    return program, {name: seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) for name in ("keyctl", "seccomp")}, None
