@@ -43,7 +43,10 @@ def compile_filter() -> tuple[bytes | None, dict[str, int], str | None]:
         return None, {}, f"no system-call filter: libseccomp unavailable ({exc})"
     deny = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
-    rules.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree: each allowed call passes a few tests, not all
+    try:  # a binary tree: each allowed call passes a few tests, not all (libseccomp >= 2.5)
+        rules.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
+    except OSError:
+        pass
     for name in DENIED:
         number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
         if number >= 0:  # a call this architecture does not have needs no rule
