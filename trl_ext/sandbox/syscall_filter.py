@@ -41,22 +41,29 @@ def compile_filter() -> tuple[bytes | None, dict[str, int], str | None]:
         import pyseccomp as seccomp
     except (ImportError, OSError, RuntimeError) as exc:  # RuntimeError: libseccomp.so.2 not found
         return None, {}, f"no system-call filter: libseccomp unavailable ({exc})"
-    deny = seccomp.ERRNO(errno.EPERM)
+    try:
+        program = _build(seccomp)
+    except OSError as exc:
+        return None, {}, f"no system-call filter: libseccomp failed ({exc})"
+    return program, {name: seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) for name in ("keyctl", "seccomp")}, None
+
+
+def _build(seccomp) -> bytes:
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     try:  # a binary tree: each allowed call passes a few tests, not all (libseccomp >= 2.5)
         rules.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
     except OSError:
         pass
+    number = lambda name: seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)  # noqa: E731 - negative: not here
     for name in DENIED:
-        number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
-        if number >= 0:  # a call this architecture does not have needs no rule
-            rules.add_rule(deny, number)
+        if number(name) >= 0:
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), number(name))
     for flag in CLONE_NEW_FLAGS.values():
-        rules.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     # clone3 passes its flags in memory, which a filter cannot read: ENOSYS makes the C library fall back to clone.
-    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    if number("clone3") >= 0:
+        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), number("clone3"))
     with tempfile.TemporaryFile() as out:
         rules.export_bpf(out)
         out.seek(0)
-        program = out.read()
-    return program, {name: seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) for name in ("keyctl", "seccomp")}, None
+        return out.read()
