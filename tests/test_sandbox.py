@@ -270,6 +270,23 @@ def test_isolation_report():
         assert pids == ["1"] and cwd == "/tmp"
 
 
+def test_without_libseccomp_the_report_says_so(monkeypatch):
+    # libseccomp.so.2 missing (or too old): snippets still run, and isolation() and a warning say what is missing.
+    import trl_ext.sandbox.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "server_config", lambda: {
+        "filter": None, "filter_missing": "no system-call filter: libseccomp unavailable (test)"})
+    pool = SandboxPool()
+    try:
+        with pytest.warns(RuntimeWarning, match="libseccomp unavailable"):
+            info = pool.info()
+        assert "no system-call filter: libseccomp unavailable (test)" in info["missing"]
+        assert "seccomp" not in info["privileges"]
+        assert pool.run("result = 1", "result", Limits()).value == 1
+    finally:
+        pool.close()
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="the interpreter check matters when the sandbox drops to uid 65534")
 def test_interpreter_is_usable_by_the_dropped_uid():
     assert usable_as(sandbox_interpreter(), NOBODY)
