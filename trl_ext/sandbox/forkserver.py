@@ -51,6 +51,7 @@ NOBODY = 65534
 # read-only tmpfs. A read-only mount does not stop connect() to a Unix socket; not seeing it does.
 HIDDEN = ("/run", "/var/run", "/var/tmp", "/dev/shm", "/dev/mqueue", "/var/lock")
 RESULT_FD = 3
+REQUEST_FD = 255  # where a child keeps its request pipe until the request is read (out of the snippet's way)
 TMP_KB = 16 << 10  # size of each snippet's private /tmp
 # Modules imported once here so that children start with them loaded (the common ones of AZR programs). `random`
 # is deliberately absent: a child imports it fresh and seeds it from the OS, as a fresh interpreter would.
@@ -625,14 +626,34 @@ class Zygote:
 
 
 def child(req_r, out_w, res_w, zygote):
-    """The snippet's process, in its new namespaces and still privileged: finish the setup, read its request, set
-    its limits, drop privileges, run the snippet."""
+    """The snippet's process, in its new namespaces. What does not depend on the request is done before it arrives
+    (while the previous snippet runs): /proc, the keyring, the system-call filter, the descriptors. Then it reads its
+    request, sets its limits, drops its privileges and runs the snippet."""
     early = None
     try:
         os.setsid()
         join_new_session_keyring(zygote.keyctl)
         if zygote.per_child_ns:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        if zygote.filter is not None:  # what follows needs none of the calls it denies
+            zygote.filter.install()
+        os.dup2(req_r, REQUEST_FD, inheritable=False)
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
+        os.closerange(RESULT_FD + 1, REQUEST_FD)
+        os.closerange(REQUEST_FD + 1, 1 << 16)
+        req_r, res_w = REQUEST_FD, RESULT_FD
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
+            sys.modules["random"].seed()
     except BaseException as exc:
         early = exc
     chunks = []
@@ -659,33 +680,17 @@ def child(req_r, out_w, res_w, zygote):
         limit(resource.RLIMIT_CORE, 0)
         limit(resource.RLIMIT_NPROC, 0)
         limit(resource.RLIMIT_MEMLOCK, 0)
-        if zygote.root:
+        if zygote.root:  # not before the request: a child waiting for one is not yet a process of that uid
             os.setgroups([])
             os.setresgid(NOBODY, NOBODY, NOBODY)
             os.setresuid(NOBODY, NOBODY, NOBODY)
         elif zygote.per_child_ns:
             drop_capabilities()
-        prctl(PR_SET_NO_NEW_PRIVS, 1)
-        devnull = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
-        os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
-        os.closerange(RESULT_FD + 1, 1 << 16)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
         os.environ.clear()
         os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
                            "LANG": "C.UTF-8"})
-        sys.stdin = open(0, "r", closefd=False)
-        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
-            sys.modules["random"].seed()
         if zygote.landlock:
             landlock(zygote.landlock, zygote.readable, [os.getcwd(), "/dev/null"])
-        if zygote.filter is not None:  # last: the setup above needs some of the calls it denies
-            zygote.filter.install()
     except BaseException as exc:
         write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
         os._exit(0)
@@ -761,6 +766,9 @@ def run_snippet(code, result_var, nonce, max_value_bytes):
     except BaseException as exc:
         payload = (nonce + json.dumps({"error": "unreadable result: %s" % type(exc).__name__})).encode()
     write_all(RESULT_FD, payload)
+    # The server replies once both pipes are closed: closing them here, not at exit, keeps the teardown of this
+    # process's memory off the execution's latency.
+    os.closerange(0, RESULT_FD + 1)
     os._exit(0)
 
 
