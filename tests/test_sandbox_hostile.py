@@ -357,10 +357,13 @@ def test_the_callers_session_keyring_is_out_of_reach():
 def test_the_uids_user_keyring_is_not_a_channel():
     # Every process of the uid shares its user keyring: a program that writes there can behave differently on its
     # next run (pass a two-run determinism check, then grade 1, 0, 1, 0).
-    add_key = syscall_number("add_key")
+    add_key, keyctl = syscall_number("add_key"), syscall_number("keyctl")
     fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
           f"assert libc.syscall({add_key}, b'user', b'trl-ext-counter', b'1', 1, -4) >= 0, 'add_key refused'",
           "add_key refused")  # KEY_SPEC_USER_KEYRING
+    # Nor a named session keyring, which every process of the uid could join.
+    fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          f"assert libc.syscall({keyctl}, 1, b'trl-ext-channel') >= 0, 'join refused'", "join refused")
 
 
 def test_no_nested_namespaces_or_memory_outside_the_limit():

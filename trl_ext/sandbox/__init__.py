@@ -10,7 +10,7 @@ that loads only the standard library, which has never held any request or result
   as the working directory, a fresh `/proc` showing only the snippet, no network interface that is up;
 - rlimits: address space (`memory_mb`), CPU seconds (`ceil(timeout_s)`), file size, open files, processes 0, no
   core dumps; then the uid/gid drop to 65534 (nobody; `RLIMIT_NPROC` does not bind root), `no_new_privs`, a new
-  session keyring, and a seccomp filter (no namespaces, mounts, keyrings, memfd, shared memory, ptrace, bpf, ...);
+  session keyring, and a seccomp filter (no new user namespaces, keyrings, memfd, shared memory, ptrace, bpf, ...);
 - a wall-clock timeout that kills the child, which as PID 1 of its namespace takes anything it started with it;
   capped output; the value of `result_var` sent back as `repr()` text on a private pipe and read with
   `ast.literal_eval` (never unpickled), only within `max_value_bytes` characters.
