@@ -1,5 +1,6 @@
-"""trl_ext.sandbox: results, the value exchange (reprs read with ast.literal_eval, hostile reprs), batching,
-determinism, no state shared between snippets, the isolation report, the interpreter choice and bad limits."""
+"""trl_ext.sandbox: results, the value exchange (reprs read with ast.literal_eval, hostile reprs and forged messages,
+the bound on what the host parses), batching, determinism, no state shared between snippets, the isolation report,
+the user-namespace and unisolated modes (run as uid 65534), the interpreter choice and bad limits."""
 
 from __future__ import annotations
 
