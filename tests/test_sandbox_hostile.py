@@ -343,14 +343,17 @@ def test_the_callers_session_keyring_is_out_of_reach():
     key = libc.syscall(syscall_number("add_key"), b"user", description, b"hunter2", 7, -3)  # KEY_SPEC_SESSION_KEYRING
     if key < 0:
         pytest.skip(f"no session keyring here ({os.strerror(ctypes.get_errno())})")
+    pool = SandboxPool()  # started after the key, as a trainer's sandbox starts after login gave it its keyring
     try:
         keyctl = syscall_number("keyctl")
-        result = execute(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nbuf = ctypes.create_string_buffer(64)\n"
-                         f"found = libc.syscall({keyctl}, 10, -3, b'user', {description!r}, 0)\n"  # KEYCTL_SEARCH
-                         f"n = libc.syscall({keyctl}, 11, {key}, buf, 64)\n"  # KEYCTL_READ
-                         f"result = (found, buf.raw[:max(n, 0)])", result_var="result")
+        result = pool.run(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                          f"buf = ctypes.create_string_buffer(64)\n"
+                          f"found = libc.syscall({keyctl}, 10, -3, b'user', {description!r}, 0)\n"  # KEYCTL_SEARCH
+                          f"n = libc.syscall({keyctl}, 11, {key}, buf, 64)\n"  # KEYCTL_READ
+                          f"result = (found, buf.raw[:max(n, 0)])", "result", Limits())
         assert result.ok and result.value[0] < 0 and b"hunter2" not in result.value[1], result
     finally:
+        pool.close()
         libc.syscall(syscall_number("keyctl"), 3, key)  # KEYCTL_REVOKE
 
 
