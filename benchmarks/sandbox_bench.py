@@ -1,15 +1,17 @@
-"""Sandbox throughput: executions per second of `trl_ext.sandbox` against a cold interpreter per snippet.
+"""Sandbox throughput: executions per second of `trl_ext.sandbox`, against an earlier design of the sandbox (its fork
+server text from git, `--baseline-ref`) and a cold interpreter per snippet, in the same run.
 
-    python benchmarks/sandbox_bench.py [--rounds 3] [--sandbox-n 300] [--cold-n 40]
+    python benchmarks/sandbox_bench.py [--rounds 5] [--sandbox-n 300] [--cold-n 40] [--baseline-ref 160e146]
 
 Two programs: a trivial one (`result = 1`) and a typical Absolute Zero program (a small function with a loop and a
-dict, called once). Each runs sequentially and with 2 workers, (a) in the sandbox (fork server, one fresh isolated
-child per snippet) and (b) as a cold `python -I -c` process per snippet (no isolation at all: what an executor that
-spawns an interpreter per snippet pays before adding any). Rounds are interleaved so that load changes on a shared
-machine hit every configuration alike; the median round is reported. Also: the sandbox's overhead per execution
-(sequential wall time per snippet minus the time the same code takes with `exec` in this process), the fork server's
-own measure of each execution (request to exit), and the CPU time the servers and their children spend per
-execution, which bounds throughput on an idle core.
+dict, called once). Each runs sequentially and with 2 workers, (a) in the sandbox (fork server and zygote, one fresh
+isolated child per snippet), (b) in the baseline sandbox (the fork server of `--baseline-ref`, driven by today's
+host side: the design before issue 21, whose children were forked from the server itself, without a system-call
+filter), and (c) as a cold `python -I -c` process per snippet (no isolation at all). Rounds are interleaved so that
+load changes on a shared machine hit every configuration alike; the median and the minimum over rounds are
+reported, with the load average. Also: the sandbox's overhead per execution (sequential wall time per snippet minus
+the time the same code takes with `exec` in this process), the fork server's own measure of each execution, and the
+CPU time the servers and their children spend per execution, which bounds throughput on an idle core.
 
 Results: benchmarks/results/sandbox_throughput.json and .png.
 """
@@ -21,15 +23,17 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 
-from trl_ext.sandbox import execute, execute_many, isolation
+import trl_ext.sandbox.pool as pool_module
+from trl_ext.sandbox import SandboxPool
 from trl_ext.sandbox.interpreter import sandbox_interpreter
-from trl_ext.sandbox.pool import default_pool
+from trl_ext.sandbox.pool import Limits
 
 
 RESULTS = Path(__file__).parent / "results"
@@ -49,12 +53,32 @@ PROGRAMS = {
 }
 
 
-def sandbox_rate(code: str, n: int, workers: int) -> tuple[float, list[float]]:
+class BaselinePool(SandboxPool):
+    """A pool whose servers run another fork server text (the comparison only)."""
+
+    def __init__(self, source: Path):
+        super().__init__()
+        self.source = source
+
+    def _acquire(self):
+        current, pool_module.SERVER_SOURCE = pool_module.SERVER_SOURCE, self.source
+        try:
+            return super()._acquire()
+        finally:
+            pool_module.SERVER_SOURCE = current
+
+
+def baseline_source(ref: str, directory: str) -> Path:
+    text = subprocess.run(["git", "show", f"{ref}:trl_ext/sandbox/forkserver.py"], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    path = Path(directory) / "forkserver_baseline.py"
+    path.write_text(text)
+    return path
+
+
+def sandbox_rate(pool: SandboxPool, code: str, n: int, workers: int) -> tuple[float, list[float]]:
     start = time.perf_counter()
-    if workers == 1:
-        results = [execute(code, result_var="result") for _ in range(n)]
-    else:
-        results = execute_many([code] * n, result_var="result", max_workers=workers)
+    results = pool.run_many([code] * n, "result", Limits(), workers)
     elapsed = time.perf_counter() - start
     assert all(r.ok for r in results), results[0]
     return n / elapsed, [r.duration_s for r in results]
@@ -80,10 +104,11 @@ def in_process_s(code: str, n: int = 2000) -> float:
     return (time.perf_counter() - start) / n
 
 
-def server_cpu_s() -> float:
-    """CPU seconds of the fork servers and of every child they have reaped (psutil: user + system + children)."""
+def server_cpu_s(pool: SandboxPool) -> float:
+    """CPU seconds of the pool's fork servers, their zygotes and every child they have reaped (psutil: user + system
+    + children)."""
     total = 0.0
-    for server in list(default_pool()._servers):
+    for server in list(pool._servers):
         procs = [psutil.Process(server.proc.pid)]
         procs += procs[0].children(recursive=True)
         for proc in procs:
@@ -97,14 +122,19 @@ def server_cpu_s() -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sandbox-n", type=int, default=300, help="snippets per sandbox measurement")
     parser.add_argument("--cold-n", type=int, default=40, help="snippets per cold-interpreter measurement")
+    parser.add_argument("--baseline-ref", default="160e146",
+                        help="git revision whose trl_ext/sandbox/forkserver.py is the baseline design")
     args = parser.parse_args()
 
     interpreter = sandbox_interpreter()
-    info = isolation()
-    execute_many(["result = 0"] * 8, result_var="result", max_workers=2)  # start both servers (warm-up)
+    tmp = tempfile.TemporaryDirectory()
+    pools = {"sandbox": SandboxPool(), "baseline": BaselinePool(baseline_source(args.baseline_ref, tmp.name))}
+    info = pools["sandbox"].info()
+    for pool in pools.values():
+        pool.run_many(["result = 0"] * 8, "result", Limits(), 2)  # start both servers of each (warm-up)
     load_before = os.getloadavg()
     rates: dict[str, list[float]] = {}
     durations: dict[str, list[float]] = {}
@@ -112,39 +142,52 @@ def main():
     for _ in range(args.rounds):
         for name, code in PROGRAMS.items():
             for workers in (1, 2):
-                key = f"{name}/sandbox/{workers}w"
-                cpu = server_cpu_s()
-                rate, dur = sandbox_rate(code, args.sandbox_n, workers)
-                cpu_per_exec.setdefault(key, []).append((server_cpu_s() - cpu) / args.sandbox_n)
-                rates.setdefault(key, []).append(rate)
-                durations.setdefault(key, []).extend(dur)
+                for kind, pool in pools.items():
+                    key = f"{name}/{kind}/{workers}w"
+                    cpu = server_cpu_s(pool)
+                    rate, dur = sandbox_rate(pool, code, args.sandbox_n, workers)
+                    cpu_per_exec.setdefault(key, []).append((server_cpu_s(pool) - cpu) / args.sandbox_n)
+                    rates.setdefault(key, []).append(rate)
+                    durations.setdefault(key, []).extend(dur)
                 rates.setdefault(f"{name}/cold/{workers}w", []).append(cold_rate(interpreter, code, args.cold_n,
                                                                                   workers))
     load_after = os.getloadavg()
+    for pool in pools.values():
+        pool.close()
 
     summary = {}
     for name, code in PROGRAMS.items():
         inproc = in_process_s(code)
         row = {"in_process_ms": 1e3 * inproc}
         for workers in (1, 2):
-            sandbox = statistics.median(rates[f"{name}/sandbox/{workers}w"])
-            cold = statistics.median(rates[f"{name}/cold/{workers}w"])
-            row[f"sandbox_per_s_{workers}w"] = sandbox
-            row[f"cold_per_s_{workers}w"] = cold
-            row[f"speedup_vs_cold_{workers}w"] = sandbox / cold
-            row[f"server_cpu_ms_per_exec_{workers}w"] = 1e3 * statistics.median(cpu_per_exec[f"{name}/sandbox/{workers}w"])
+            for kind in ("sandbox", "baseline", "cold"):
+                values = rates[f"{name}/{kind}/{workers}w"]
+                row[f"{kind}_per_s_{workers}w"] = statistics.median(values)
+                row[f"{kind}_per_s_{workers}w_min"] = min(values)
+            for kind in ("sandbox", "baseline"):
+                row[f"{kind}_server_cpu_ms_per_exec_{workers}w"] = 1e3 * statistics.median(
+                    cpu_per_exec[f"{name}/{kind}/{workers}w"])
+            # Per round, then the median: both ran in the same round, under the same load.
+            ratios = [a / b for a, b in zip(rates[f"{name}/sandbox/{workers}w"], rates[f"{name}/baseline/{workers}w"])]
+            row[f"vs_baseline_{workers}w_median"] = statistics.median(ratios)
+            row[f"vs_baseline_{workers}w_min"] = min(ratios)
+            row[f"speedup_vs_cold_{workers}w"] = row[f"sandbox_per_s_{workers}w"] / row[f"cold_per_s_{workers}w"]
         row["overhead_ms_per_exec"] = 1e3 / row["sandbox_per_s_1w"] - row["in_process_ms"]
         row["server_measured_ms_median"] = 1e3 * statistics.median(durations[f"{name}/sandbox/1w"])
         summary[name] = row
-        print(f"{name}: sandbox {row['sandbox_per_s_1w']:.0f}/s sequential, {row['sandbox_per_s_2w']:.0f}/s with 2 "
-              f"workers; cold interpreter {row['cold_per_s_1w']:.1f}/s and {row['cold_per_s_2w']:.1f}/s; overhead "
-              f"{row['overhead_ms_per_exec']:.2f} ms/exec; server CPU {row['server_cpu_ms_per_exec_1w']:.2f} ms/exec")
+        print(f"{name}: sandbox {row['sandbox_per_s_1w']:.0f}/s sequential (min {row['sandbox_per_s_1w_min']:.0f}), "
+              f"{row['sandbox_per_s_2w']:.0f}/s with 2 workers; baseline {row['baseline_per_s_1w']:.0f}/s and "
+              f"{row['baseline_per_s_2w']:.0f}/s (per-round ratio, median {row['vs_baseline_1w_median']:.2f} and "
+              f"{row['vs_baseline_2w_median']:.2f}); cold interpreter {row['cold_per_s_1w']:.1f}/s and "
+              f"{row['cold_per_s_2w']:.1f}/s; server CPU {row['sandbox_server_cpu_ms_per_exec_1w']:.2f} ms/exec "
+              f"(baseline {row['baseline_server_cpu_ms_per_exec_1w']:.2f})")
 
     payload = {"command": "python benchmarks/sandbox_bench.py " + " ".join(
                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
                "machine": {"cpus": os.cpu_count(), "load_average_before": load_before,
                            "load_average_after": load_after},
-               "isolation": info, "interpreter": interpreter, "summary": summary, "rounds": rates}
+               "isolation": info, "interpreter": interpreter, "summary": summary, "rounds": rates,
+               "server_cpu_s_per_exec": cpu_per_exec}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sandbox_throughput.json").write_text(json.dumps(payload, indent=2))
     plot(summary, RESULTS / "sandbox_throughput.png", load_before)
@@ -158,7 +201,7 @@ def plot(summary: dict, path: Path, load: tuple):
 
     labels, values, colors = [], [], []
     for name, row in summary.items():
-        for kind, color in (("sandbox", "tab:blue"), ("cold", "tab:gray")):
+        for kind, color in (("sandbox", "tab:blue"), ("baseline", "tab:cyan"), ("cold", "tab:gray")):
             for workers in (1, 2):
                 labels.append(f"{name}\n{kind} {workers}w")
                 values.append(row[f"{kind}_per_s_{workers}w"])
@@ -168,7 +211,7 @@ def plot(summary: dict, path: Path, load: tuple):
     ax.bar_label(bars, fmt="%.0f")
     ax.set_xticks(range(len(values)), labels, fontsize=8)
     ax.set_ylabel("executions / s")
-    ax.set_title(f"trl_ext.sandbox (fork server, isolated child per snippet) vs a cold interpreter per snippet\n"
+    ax.set_title(f"trl_ext.sandbox (zygote, isolated child per snippet) vs its earlier design and a cold interpreter\n"
                  f"{os.cpu_count()} CPUs, load average {load[0]:.1f} at start")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

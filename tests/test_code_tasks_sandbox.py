@@ -51,6 +51,17 @@ def test_validation_by_execution_contains_hostile_proposals(tmp_path):
     assert not sentinel.exists() and state.executions == 2 * (2 + len(hostile) + 3)
 
 
+def test_values_are_read_back_only_up_to_the_familys_cap():
+    # The host parses what comes back: a long value costs it, not the snippet. The family's cap applies in the
+    # sandbox, before any parsing.
+    from trl_ext.tasks.code_reasoning.programs import MAX_OUTPUT_CHARS, call_snippet
+
+    state = CodeTaskState(timeout_s=2.0)
+    short, long = state.execute([call_snippet("def f(n):\n    return 'x' * n", (n,)) for n in (10, 5000)])
+    assert short.ok and short.value == "x" * 10
+    assert not long.ok and f"{MAX_OUTPUT_CHARS} characters" in long.error and long.value_repr is None
+
+
 def score(task, question, answers):
     completions = [[{"role": "assistant", "content": a}] for a in answers]
     columns = {key: [question.get(key)] * len(answers) for key in question}

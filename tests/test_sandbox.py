@@ -1,5 +1,6 @@
-"""trl_ext.sandbox: results, the value exchange (reprs read with ast.literal_eval, hostile reprs), batching,
-determinism, no state shared between snippets, the isolation report, the interpreter choice and bad limits."""
+"""trl_ext.sandbox: results, the value exchange (reprs read with ast.literal_eval, hostile reprs and forged messages,
+the bound on what the host parses), batching, determinism, no state shared between snippets, the isolation report,
+the user-namespace and unisolated modes (run as uid 65534), the interpreter choice and bad limits."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,6 +122,54 @@ def test_forged_result_channel():
     assert not result.ok and result.value is None
 
 
+# A snippet can always find its own execution's nonce (it is in its own process): what it forges with it must only
+# ever cost it its own result.
+FIND_NONCE = ("import os, sys\nframe = sys._getframe()\nwhile 'nonce' not in frame.f_locals:\n    frame = frame.f_back\n"
+              "nonce = frame.f_locals['nonce'].encode()\n")
+
+
+def test_a_deeply_nested_forged_message_does_not_kill_the_server():
+    pool = SandboxPool()
+    try:
+        assert pool.run("result = 1", "result", Limits()).value == 1
+        servers = list(pool._servers)
+        result = pool.run(FIND_NONCE + "os.write(3, nonce + b'[' * 100000)\nos._exit(0)", "result", Limits())
+        assert not result.ok and "before the end" in result.error
+        assert pool.run("result = 2", "result", Limits()).value == 2 and pool._servers == servers  # same server
+    finally:
+        pool.close()
+
+
+def test_a_forged_value_repr_is_a_str_or_none():
+    result = execute(FIND_NONCE + "import json\nos.write(3, nonce + json.dumps({'value_repr': [1]}).encode())\n"
+                     "os._exit(0)", result_var="result")
+    assert not result.ok and result.value_repr is None and result.value is None
+
+
+def test_the_host_parses_no_value_beyond_max_value_bytes():
+    # A set of ints with equal hashes: cheap for the snippet, quadratic for the host's literal_eval (seconds at a few
+    # hundred KiB). The length is checked before anything is parsed.
+    code = ("M = (1 << 61) - 1\nTEXT = '{' + ', '.join(str(k * M) for k in range(1, 15000)) + '}'\n"
+            "class E:\n    def __repr__(self):\n        return TEXT\nresult = E()")
+    start = time.monotonic()
+    result = execute(code, result_var="result")
+    assert not result.ok and "65536 characters" in result.error and result.value_repr is None
+    assert time.monotonic() - start < 2.0
+    assert execute("result = 'x' * 90", result_var="result", max_value_bytes=100).ok
+    result = execute("result = 'x' * 110", result_var="result", max_value_bytes=100)
+    assert not result.ok and "100 characters" in result.error
+    with pytest.raises(ValueError, match="max_value_bytes"):
+        execute("x = 1", max_value_bytes=0)
+
+
+def test_printing_a_result_never_raises():
+    # A hex literal parses into an int too long for repr() (sys.get_int_max_str_digits()).
+    result = execute("class E:\n    def __repr__(self):\n        return '0x' + 'f' * 20000\nresult = E()",
+                     result_var="result")
+    assert not result.ok and result.error.startswith("unreadable result") and result.value is None
+    assert repr(result) and str(result)
+
+
 # -- batches, determinism, state -------------------------------------------------------------------------------------
 def test_execute_many_keeps_order_and_isolates_failures():
     codes = [f"result = {i} * {i}" if i % 3 else "result = 1 / 0" for i in range(12)]
@@ -221,6 +271,23 @@ def test_isolation_report():
         assert pids == ["1"] and cwd == "/tmp"
 
 
+def test_without_libseccomp_the_report_says_so(monkeypatch):
+    # libseccomp.so.2 missing (or too old): snippets still run, and isolation() and a warning say what is missing.
+    import trl_ext.sandbox.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "server_config", lambda: {
+        "filter": None, "filter_missing": "no system-call filter: libseccomp unavailable (test)"})
+    pool = SandboxPool()
+    try:
+        with pytest.warns(RuntimeWarning, match="libseccomp unavailable"):
+            info = pool.info()
+        assert "no system-call filter: libseccomp unavailable (test)" in info["missing"]
+        assert "seccomp" not in info["privileges"]
+        assert pool.run("result = 1", "result", Limits()).value == 1
+    finally:
+        pool.close()
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="the interpreter check matters when the sandbox drops to uid 65534")
 def test_interpreter_is_usable_by_the_dropped_uid():
     assert usable_as(sandbox_interpreter(), NOBODY)
@@ -251,49 +318,107 @@ def test_interpreter_from_the_environment_comes_first(monkeypatch):
     assert interpreter_module._candidates()[0] == "/usr/bin/env"
 
 
+@pytest.fixture
+def package_for_nobody():
+    """A copy of the sandbox package and of its one dependency (pyseccomp, a single module) that uid 65534 can
+    import, wherever the checkout lives (a clone in root's home or under `mktemp -d` is not reachable by that uid):
+    the directory to put on its PYTHONPATH."""
+    import pyseccomp
+
+    base = tempfile.mkdtemp(prefix="trl-ext-sandbox-pkg-", dir="/tmp")
+    shutil.copytree(REPO / "trl_ext" / "sandbox", Path(base) / "sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(pyseccomp.__file__, base)
+    for parent, dirs, files in os.walk(base):
+        os.chmod(parent, 0o755)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o644)
+    yield base
+    shutil.rmtree(base)
+
+
+@pytest.fixture
+def home_of_nobody():
+    """A home directory for uid 65534 (its own is /nonexistent) holding a 0600 token, as a training user's has; in
+    /srv, which the sandbox shows read-only like any host path (not /tmp, which each snippet gets empty)."""
+    Path("/srv").mkdir(exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="trl-ext-home-", dir="/srv"))
+    (home / ".cache").mkdir()
+    (home / ".cache" / "token").write_text("hf_secret")
+    for path in (home, home / ".cache", home / ".cache" / "token"):
+        os.chown(path, NOBODY, NOBODY)
+    os.chmod(home / ".cache" / "token", 0o600)
+    os.chmod(home, 0o700)
+    yield home
+    shutil.rmtree(home)
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="starts the non-root case as uid 65534")
-def test_not_root_user_namespaces_or_a_warning():
-    """As an unprivileged user: user + network namespaces where the kernel allows them, else rlimits only with a
-    warning that names what is not isolated. Either way the snippet cannot reach the network or write the project."""
-    # The system interpreter lacks the project's dependencies; the sandbox package itself is standard library only,
-    # so it is imported as a top-level package.
+def test_not_root_user_namespaces_or_a_refusal(package_for_nobody, home_of_nobody):
+    """As an unprivileged user: user + network namespaces where the kernel allows them, and the home directory
+    hidden (the snippet keeps the uid, so it could read the user's 0600 tokens); else a refusal that says how to opt
+    in. The snippet cannot reach the network, write the project or read the token."""
+    # The system interpreter lacks the project's dependencies: the sandbox package is imported as a top-level
+    # package, from a copy that has its dependency next to it.
+    token = home_of_nobody / ".cache" / "token"
     script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
-              "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
+              "try:\n    info = isolation()\nexcept RuntimeError as exc:\n    print(json.dumps(str(exc)))\n"
+              "    raise SystemExit\n"
               "net = execute('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=1)')\n"
               f"write = execute('open(\"{REPO}/pwned\", \"w\")')\n"
-              "print(json.dumps([info, [str(w.message) for w in caught], net.error, write.error]))")
+              f"read = execute('print(open(\"{token}\").read())')\n"
+              "print(json.dumps([info, net.error, write.error, read.error, read.stdout]))")
     done = subprocess.run([sandbox_interpreter(), "-s", "-c", script], user=NOBODY, group=NOBODY, extra_groups=[],
-                          env={"PYTHONPATH": str(REPO / "trl_ext"), "PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
-                          text=True, timeout=120)
+                          env={"PYTHONPATH": package_for_nobody, "PATH": "/usr/bin:/bin", "HOME": str(home_of_nobody)},
+                          cwd="/", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    info, warned, net_error, write_error = json.loads(done.stdout.splitlines()[-1])
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    if isinstance(outcome, str):  # user namespaces refused here: no silent fallback
+        assert "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in outcome and "allow_unisolated=True" in outcome
+        return
+    info, net_error, write_error, read_error, read_stdout = outcome
+    assert read_error and "FileNotFoundError" in read_error and "hf_secret" not in read_stdout
     assert net_error and write_error and not (REPO / "pwned").exists()
-    if "user" in info["namespaces"]:
-        assert {"network", "mount", "pid"} <= set(info["namespaces"]) and warned == []
-    else:
-        assert info["missing"] and warned and "not fully isolated" in warned[0]
+    assert info["mode"] == "user namespace" and {"network", "mount", "pid"} <= set(info["namespaces"])
+    assert info["missing"] == []
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root and util-linux unshare")
-def test_rlimits_only_fallback_warns_and_names_what_is_missing():
-    """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them), snippets run with
-    the rlimits only and a warning names what is not isolated."""
-    script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
-              "with warnings.catch_warnings(record=True) as caught:\n    info = isolation()\n"
-              "fork = execute('import os\\nos.fork()')\ncpu = execute('while True: pass', timeout_s=1)\n"
-              "print(json.dumps([info, [str(w.message) for w in caught], fork.error, cpu.error]))")
-    inner = (f"{sandbox_interpreter()} -s -c {shlex.quote(script)}")
+def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobody):
+    """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them) the sandbox refuses
+    to run unless the caller opts in. Opted in, snippets still cannot read the host's environment (API keys) or
+    memory, write into another fork server's reply pipe, or write outside their own directory."""
+    script = ("import json, os, warnings\nwarnings.simplefilter('always')\n"
+              "from sandbox import SandboxPool\nfrom sandbox.pool import Limits\n"
+              "try:\n    SandboxPool().info()\n    refused = None\nexcept RuntimeError as exc:\n    refused = str(exc)\n"
+              "pool = SandboxPool(allow_unisolated=True)\n"
+              "with warnings.catch_warnings(record=True) as caught:\n    info = pool.info()\n"
+              "pool.run_many(['result = 1'] * 4, 'result', Limits(), 2)\n"
+              "other = pool._servers[-1].proc.pid\n"
+              "run = lambda code, **kw: pool.run(code, 'result', Limits(**kw)).error\n"
+              "errors = [run(f'result = open(\"/proc/{os.getpid()}/environ\", \"rb\").read()'),\n"
+              "          run(f'result = open(\"/proc/{os.getpid()}/mem\", \"rb\").read(1)'),\n"
+              "          run(f'open(\"/proc/{other}/fd/1\", \"w\").write(\"forged\\\\n\")'),\n"
+              "          run('open(\"/tmp/trl-ext-pwned\", \"w\").write(\"x\")'),\n"
+              "          run('import os\\nos.fork()'), run('while True: pass', timeout_s=1)]\n"
+              "ok = run('open(\"own\", \"w\").write(\"x\")\\nresult = open(\"own\").read()')\n"
+              "print(json.dumps([refused, info, [str(w.message) for w in caught], errors, ok]))")
+    inner = f"{sandbox_interpreter()} -s -c {shlex.quote(script)}"
     shell = ("mount -t tmpfs none /mnt && mkdir /mnt/r && mount --rbind / /mnt/r && chroot /mnt/r setpriv "
-             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={REPO / 'trl_ext'} PATH=/usr/bin:/bin "
-             + inner)
+             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={package_for_nobody} "
+             "PATH=/usr/bin:/bin TRL_EXT_TEST_SECRET=hunter2 " + inner)
     done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True,
                           text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr
-    info, warned, fork_error, cpu_error = json.loads(done.stdout.splitlines()[-1])
-    assert info["namespaces"] == [] and info["uid"] == NOBODY
+    refused, info, warned, errors, ok = json.loads(done.stdout.splitlines()[-1])
+    assert refused and "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in refused and "allow_unisolated=True" in refused
+    assert info["mode"] == "unisolated (opted in)" and info["namespaces"] == [] and info["uid"] == NOBODY
     assert any("network" in m for m in info["missing"]) and any("file system" in m for m in info["missing"])
-    assert len(warned) == 1 and "not fully isolated" in warned[0] and "sockets can reach the network" in warned[0]
-    assert "BlockingIOError" in fork_error and cpu_error.startswith("timeout")  # wall clock or CPU rlimit
+    assert len(warned) == 1 and "not fully isolated" in warned[0]
+    environ, mem, pipe, outside, fork, cpu = errors
+    assert environ and mem and pipe and outside  # PermissionError: not dumpable, Landlock
+    assert "BlockingIOError" in fork and cpu.startswith("timeout")  # wall clock or CPU rlimit
+    assert ok is None  # its own directory stays writable
 
 
 @pytest.mark.parametrize("kwargs, field", [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),

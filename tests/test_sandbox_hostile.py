@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trl_ext.sandbox import execute, isolation
-from trl_ext.sandbox.pool import default_pool
+from trl_ext.sandbox import SandboxPool, execute, isolation
+from trl_ext.sandbox.pool import Limits, default_pool
 
 
 ROOT = os.getuid() == 0
@@ -279,6 +279,143 @@ def test_stop_itself():
           "not stopped", "timeout", timeout_s=1.0)
 
 
+# -- earlier executions ---------------------------------------------------------------------------------------------
+# What a snippet can find in its own process: its call stack, and every readable byte of its memory (/proc/self/mem,
+# after making itself dumpable again). Hex digits after the marker are what other executions would have left.
+SCAN_MEMORY = """
+import ctypes, re, sys
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: /proc/self/mem readable by the snippet's own uid
+pattern = re.compile(rb'trl-ext-' + rb'leak-([0-9a-f]{32})')
+found = set()
+frame = sys._getframe()
+while frame is not None:
+    found.update(m.decode() for m in pattern.findall(repr(frame.f_locals).encode()))
+    frame = frame.f_back
+with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        if not perms.startswith('r') or '[v' in line:
+            continue
+        low, high = (int(x, 16) for x in span.split('-'))
+        try:
+            mem.seek(low)
+            data = mem.read(high - low)
+        except (OSError, OverflowError, MemoryError):
+            continue
+        found.update(m.decode() for m in pattern.findall(data))
+        del data
+result = sorted(found)
+"""
+
+
+def test_nothing_of_earlier_executions_is_in_memory():
+    # A secret in the code, the output and the value of one execution; then 50 others, then the scan. The fork
+    # server has held all of them; the process snippets are forked from never has.
+    secret = uuid.uuid4().hex
+    pool = SandboxPool()
+    try:
+        first = pool.run(f"token = 'trl-ext-leak-{secret}'\nprint(token)\nresult = token", "result", Limits())
+        assert first.ok and secret in first.value
+        for i in range(50):
+            assert pool.run(f"result = {i}", "result", Limits()).ok
+        for _ in range(2):  # the next execution, and the one after (its child was forked while the scan ran)
+            scan = pool.run(SCAN_MEMORY, "result", Limits(timeout_s=20.0, memory_mb=2048))
+            assert scan.ok, scan
+            assert secret not in scan.value
+    finally:
+        pool.close()
+
+
+# -- kernel objects shared beyond the snippet (system-call filter) ------------------------------------------------
+def syscall_number(name: str) -> int:
+    import pyseccomp
+
+    return pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+
+
+def test_the_callers_session_keyring_is_out_of_reach():
+    # A secret in this process's session keyring (Kerberos caches, keyctl secrets live there): a snippet inherits
+    # possession of it unless it gets a keyring of its own, and possession grants access whatever the uid.
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    description = f"trl-ext-test-{uuid.uuid4().hex[:8]}".encode()
+    key = libc.syscall(syscall_number("add_key"), b"user", description, b"hunter2", 7, -3)  # KEY_SPEC_SESSION_KEYRING
+    if key < 0:
+        pytest.skip(f"no session keyring here ({os.strerror(ctypes.get_errno())})")
+    pool = SandboxPool()  # started after the key, as a trainer's sandbox starts after login gave it its keyring
+    try:
+        keyctl = syscall_number("keyctl")
+        result = pool.run(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                          f"buf = ctypes.create_string_buffer(64)\n"
+                          f"found = libc.syscall({keyctl}, 10, -3, b'user', {description!r}, 0)\n"  # KEYCTL_SEARCH
+                          f"n = libc.syscall({keyctl}, 11, {key}, buf, 64)\n"  # KEYCTL_READ
+                          f"result = (found, buf.raw[:max(n, 0)])", "result", Limits())
+        assert result.ok and result.value[0] < 0 and b"hunter2" not in result.value[1], result
+    finally:
+        pool.close()
+        libc.syscall(syscall_number("keyctl"), 3, key)  # KEYCTL_REVOKE
+
+
+def test_the_uids_user_keyring_is_not_a_channel():
+    # Every process of the uid shares its user keyring: a program that writes there can behave differently on its
+    # next run (pass a two-run determinism check, then grade 1, 0, 1, 0).
+    add_key, keyctl = syscall_number("add_key"), syscall_number("keyctl")
+    fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          f"assert libc.syscall({add_key}, b'user', b'trl-ext-counter', b'1', 1, -4) >= 0, 'add_key refused'",
+          "add_key refused")  # KEY_SPEC_USER_KEYRING
+    # Nor a named session keyring, which every process of the uid could join.
+    fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          f"assert libc.syscall({keyctl}, 1, b'trl-ext-channel') >= 0, 'join refused'", "join refused")
+
+
+def test_no_nested_namespaces_or_memory_outside_the_limit():
+    # A nested user namespace may mount a tmpfs of any size; memfd and System V shared memory are not counted by
+    # RLIMIT_AS either.
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+          "assert libc.unshare(0x10000000 | 0x00020000) == 0, 'unshare refused'", "unshare refused")
+    fails("import os\nos.memfd_create('x')", "PermissionError")
+    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+          "assert libc.shmget(0, 1 << 30, 0o1600) >= 0, 'shmget refused'", "shmget refused")
+    for name in ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "ptrace", "process_vm_readv"):
+        fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall({syscall_number(name)}, 0, 0, 0, 0, 0)\n"
+              f"assert ctypes.get_errno() != 1, 'EPERM'", "EPERM")
+
+
+STDLIB_PROGRAMS = [
+    "import json\nresult = json.loads(json.dumps({'a': [1, 2.5, None, True], 'b': 'é'}))",
+    "import re\nresult = re.findall(r'(\\w+)@(\\w+)', 'a@b c@d') + [re.sub('[aeiou]', '', 'sandbox')]",
+    "import itertools\nresult = list(itertools.permutations('abc', 2)) + list(itertools.accumulate(range(6)))",
+    "import collections\nresult = collections.Counter('mississippi').most_common(2) + list(collections.deque([1, 2], 2))",
+    "import math\nresult = (math.gcd(84, 36), math.comb(20, 7), math.isqrt(10**20 + 1), math.factorial(30))",
+    "import dataclasses\n@dataclasses.dataclass(order=True)\nclass P:\n    x: int\n    y: int = 0\n"
+    "result = sorted(dataclasses.astuple(p) for p in [P(2, 1), P(1, 5)])",
+    "import functools\n@functools.lru_cache(None)\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    "result = (fib(90), functools.reduce(lambda a, b: a * b, range(1, 15)))",
+    "import heapq\nh = [5, 1, 8, 3, 2]\nheapq.heapify(h)\nresult = [heapq.heappop(h) for _ in range(3)] + heapq.nlargest(2, h)",
+    "import decimal\ndecimal.getcontext().prec = 40\nresult = str(decimal.Decimal(2).sqrt())",
+    "import fractions\nresult = str(sum(fractions.Fraction(1, n) for n in range(1, 20)))",
+    "import datetime\nd = datetime.date(2024, 2, 28) + datetime.timedelta(days=2)\n"
+    "result = (d.isoformat(), d.weekday(), datetime.datetime(2024, 1, 1, 12).strftime('%A %H:%M'))",
+    "result = ('%5.2f|%-4s|%x' % (3.14159, 'ab', 255), '{:>8,}'.format(1234567), f'{0.5:.1%}', format(7, '08b'))",
+    "import sys\nsys.setrecursionlimit(5000)\ndef depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n"
+    "result = depth(3000)",
+    "import random\nrandom.seed(3)\nresult = (random.randint(1, 100), random.sample(range(50), 3))",
+    "import string, textwrap, bisect, operator, copy, typing, statistics\n"
+    "result = (string.ascii_lowercase[:5], textwrap.wrap('a b c d e f', 5), bisect.bisect([1, 3, 5], 4), "
+    "statistics.median([3, 1, 2]))",
+]
+
+
+@pytest.mark.parametrize("code", STDLIB_PROGRAMS)
+def test_standard_library_behaves_as_without_the_filter(code):
+    scope = {"__name__": "__main__"}
+    exec(compile(code, "<snippet>", "exec"), scope)
+    result = execute(code, result_var="result", timeout_s=10.0)
+    assert result.ok, result
+    assert result.value == scope["result"]
+
+
 # -- network ------------------------------------------------------------------------------------------------------
 @needs_namespaces
 def test_tcp_to_local_listener(listeners):
@@ -374,6 +511,30 @@ def test_delete_files(sentinels):
     fails(f"import os\nos.chmod('{REPO}/README.md', 0o777)", "Read-only file system", "PermissionError",
           *(("FileNotFoundError",) if REPO_HIDDEN else ()))
     assert (sentinels / "open" / "victim.txt").read_text() == "victim"
+
+
+@needs_namespaces
+@pytest.mark.skipif(not ROOT, reason="mounts a file system on the host")
+def test_mount_point_with_a_non_ascii_name_is_read_only():
+    # mountinfo shows UTF-8 names as they are (only space, tab, newline and backslash are escaped): such a mount
+    # must be found and made read-only like any other, not left writable and shared between snippets.
+    point = Path("/srv") / f"sandbox-mnt-\u00e9\u6f22 {uuid.uuid4().hex[:8]}"
+    point.mkdir(parents=True)
+    try:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "none", str(point)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here")
+        pool = SandboxPool()  # a new server, which sees the new mount
+        try:
+            assert pool.info()["missing"] == []
+            result = pool.run(f"open({str(point / 'x')!r}, 'w').write('x')", None, Limits(timeout_s=2.0))
+            assert not result.ok and "Read-only file system" in result.error
+            assert not (point / "x").exists()
+        finally:
+            pool.close()
+    finally:
+        subprocess.run(["umount", str(point)], capture_output=True)
+        point.rmdir()
 
 
 def test_file_size_and_descriptor_limits():

@@ -6,26 +6,31 @@ must not import anything from `trl_ext` and must run on whichever interpreter ex
 
 At start the server isolates itself once: a private mount namespace in which every mount is read-only (nosuid,
 nodev), and a new network namespace with no usable interface; as a non-root user it first enters a new user
-namespace to be allowed to do so. It never runs snippet code itself. For each request it forks a fresh child
-(a copy of the pristine server, so nothing leaks between snippets), which enters new mount, PID and IPC namespaces,
-gets a private tmpfs on /tmp as its empty working directory and a fresh /proc, sets its rlimits, drops to an
-unprivileged uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only then
-executes the snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap) kills
+namespace to be allowed to do so. It never runs snippet code itself, and it never forks snippet processes either:
+before it reads its first request it forks a zygote, which from then on receives nothing but orders to fork, so the
+memory every snippet process inherits holds nothing of any earlier request, output or value. For each request the
+zygote forks a fresh child, which enters new mount, PID and IPC namespaces, gets a private tmpfs on /tmp as its
+empty working directory and a fresh /proc, reads its own request, sets its rlimits, drops to an unprivileged
+uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only then executes the
+snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap) kills
 anything it started; with the process limit at 0 it cannot start anything anyway.
 
 The snippet's value travels back as `repr()` text on a separate pipe, framed with a per-execution random nonce, so
 printing cannot forge it; the host reads it with `ast.literal_eval`, never with pickle.
 """
 
+import array
 import ctypes
 import errno
 import gc
 import json
 import math
 import os
+import re
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 
@@ -34,8 +39,11 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 22, 38
+SECCOMP_MODE_FILTER, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_SPEC_ALLOW = 2, 1, 4
+KEYCTL_JOIN_SESSION_KEYRING = 1
 MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
                "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 NOBODY = 65534
@@ -43,6 +51,7 @@ NOBODY = 65534
 # read-only tmpfs. A read-only mount does not stop connect() to a Unix socket; not seeing it does.
 HIDDEN = ("/run", "/var/run", "/var/tmp", "/dev/shm", "/dev/mqueue", "/var/lock")
 RESULT_FD = 3
+REQUEST_FD = 255  # where a child keeps its request pipe until the request is read (out of the snippet's way)
 TMP_KB = 16 << 10  # size of each snippet's private /tmp
 # Modules imported once here so that children start with them loaded (the common ones of AZR programs). `random`
 # is deliberately absent: a child imports it fresh and seeds it from the OS, as a fresh interpreter would.
@@ -63,12 +72,43 @@ def unshare(flags):
 
 
 def mount(source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
     _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), "mount %s" % target)
 
 
 def prctl(option, arg):
     _check(libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), "prctl %d" % option)
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+class SyscallFilter:
+    """The BPF program the host compiled with libseccomp (see `trl_ext.sandbox.syscall_filter`). The zygote installs
+    it on itself, once: every child inherits it (sharing one filter costs a child nothing; a filter of its own would
+    cost it ~0.1 ms to attach and free)."""
+
+    def __init__(self, program, seccomp_nr):
+        self.buffer = ctypes.create_string_buffer(program, len(program))
+        self.fprog = SockFprog(len(program) // 8, ctypes.addressof(self.buffer))
+        self.seccomp_nr = seccomp_nr
+
+    def install(self):
+        # SPEC_ALLOW: no speculative-store-bypass mitigation forced on the snippets (which costs every execution
+        # time): it guards a process's own memory against code running in it, and a snippet's process holds
+        # nothing but its own request (see Zygote).
+        if self.seccomp_nr is None or libc.syscall(ctypes.c_long(self.seccomp_nr), SECCOMP_SET_MODE_FILTER,
+                                                   SECCOMP_FILTER_FLAG_SPEC_ALLOW, ctypes.byref(self.fprog)) != 0:
+            _check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self.fprog),
+                              ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+
+
+def join_new_session_keyring(keyctl):
+    """Leave the inherited session keyring (the trainer's: Kerberos caches, secrets) for a new, empty one. Where the
+    call is refused (a container's own filter) the keyring calls are refused to the snippet as well."""
+    if keyctl is not None:
+        libc.syscall(ctypes.c_long(keyctl), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None)
 
 
 def drop_capabilities():
@@ -79,12 +119,32 @@ def drop_capabilities():
 
 
 def mount_points():
+    """(mount point as bytes, options) from mountinfo, which escapes space, tab, newline and backslash as octal and
+    leaves every other byte (UTF-8 names included) as it is."""
     points = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            fields = line.split()
-            points.append((fields[4].encode().decode("unicode_escape"), fields[5].split(",")))
+            fields = line.split(b" ")
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes((int(m.group(1), 8),)), fields[4])
+            points.append((point, fields[5].decode("ascii", "replace").split(",")))
     return points
+
+
+def memory_cgroup_delegated():
+    """Whether a cgroup v2 memory controller (which would also count kernel memory) is delegated to this process:
+    reported by `isolation()`, not used (the address-space limit is)."""
+    delegated = False
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+        mounts = [line.split(b" ") for line in open("/proc/self/mountinfo", "rb")]
+        roots = [fields[4].decode() for fields in mounts if fields[fields.index(b"-") + 1] == b"cgroup2"]
+        for root in roots if path else ():
+            with open(os.path.join(root, path.lstrip("/"), "cgroup.controllers")) as f:
+                delegated = delegated or "memory" in f.read().split()
+    except (OSError, ValueError, StopIteration):
+        pass
+    return delegated
 
 
 def isolate_server(config):
@@ -102,11 +162,8 @@ def isolate_server(config):
             with open("/proc/self/gid_map", "w") as f:
                 f.write("%d %d 1" % (gid, gid))
             namespaces.append("user")
-        except OSError as exc:
-            missing += ["user namespace refused (%s)" % exc.strerror, "network: sockets can reach the network",
-                        "file system: writable wherever uid %d may write, /tmp shared" % uid,
-                        "processes: snippets see and may signal the other processes of uid %d" % uid]
-            return namespaces, missing
+        except OSError as exc:  # what else is missing then depends on Landlock (see Server)
+            return namespaces, ["user namespace refused (%s)" % exc.strerror]
     try:
         unshare(CLONE_NEWNET)
         namespaces.append("network")
@@ -141,38 +198,166 @@ def isolate_server(config):
         try:
             mount(None, point, None, flags)
         except OSError:
-            failed.append(point)
+            failed.append(os.fsdecode(point))
     for point in HIDDEN:
         if os.path.isdir(point) and not os.path.islink(point):
             try:
                 mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
             except OSError:
                 failed.append(point)
+    if "user" in namespaces and config.get("home") not in (None, "/"):
+        # The snippet keeps the caller's uid here: without this it reads every file of the caller's home directory
+        # (tokens, keys, caches), mode 0600 included.
+        try:
+            hide(config["home"], [sys.prefix, sys.base_prefix, sys.exec_prefix] + sys.path)
+        except OSError:
+            failed.append(config["home"])
     if failed:
         missing.append("read-only remount or hiding failed for: %s" % ", ".join(failed))
     return namespaces, missing
 
 
+def hide(directory, keep):
+    """Cover `directory` with an empty read-only tmpfs, except the directories of `keep` inside it (the
+    interpreter's own files), which are bound back in place, read-only."""
+    directory = os.path.realpath(directory)
+    keep = {os.path.realpath(k) for k in keep if k and os.path.isdir(k)}
+    if any((directory + "/").startswith(k.rstrip("/") + "/") for k in keep):  # it is the interpreter's, or in it
+        raise OSError(errno.EINVAL, "%s is inside the interpreter's directories" % directory)
+    inside = sorted(k for k in keep if k.startswith(directory + "/"))
+    inside = [k for k in inside if not any(k.startswith(other + "/") for other in inside)]
+    handles = [(k, os.open(k, os.O_PATH | os.O_CLOEXEC)) for k in inside]
+    mounted = False
+    try:
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=256,mode=0755")
+        mounted = True
+        for path, fd in handles:
+            os.makedirs(path, exist_ok=True)
+            mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount(None, directory, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    except OSError:
+        if mounted:  # not left half done: a writable tmpfs here would be shared by every snippet of this server
+            libc.umount2(os.fsencode(directory), MNT_DETACH)
+        raise
+    finally:
+        for _, fd in handles:
+            os.close(fd)
+
+
+# Landlock (unprivileged file-system, network and scope rules), for the opted-in mode without namespaces.
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # the same on every architecture
+LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR, LL_TRUNCATE, LL_IOCTL_DEV = 1, 2, 4, 8, 1 << 14, 1 << 15
+LL_READ = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc")
+PR_SET_DUMPABLE = 4
+
+
+class LandlockRulesetAttr(ctypes.Structure):
+    _fields_ = (("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64))
+
+
+class LandlockPathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+def landlock_abi():
+    return max(0, libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+
+
+def landlock(abi, readable, writable):
+    """Restrict this process (and what it starts) to reading `readable`, reading and writing `writable`, no TCP
+    (ABI 4), and no signals or abstract Unix sockets beyond its own domain (ABI 6)."""
+    fs = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0) | (
+        LL_IOCTL_DEV if abi >= 5 else 0)
+    attr = LandlockRulesetAttr(fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        _check(ruleset, "landlock_create_ruleset")
+    try:
+        file_rights = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (fs & (LL_TRUNCATE | LL_IOCTL_DEV))
+        for path, access in [(p, LL_READ) for p in readable] + [(p, fs) for p in writable]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rule = LandlockPathBeneath(access & fs if os.path.isdir(path) else access & file_rights, fd)
+                _check(libc.syscall(ctypes.c_long(LANDLOCK_ADD_RULE), ruleset, 1, ctypes.byref(rule), 0),
+                       "landlock_add_rule %s" % path)
+            finally:
+                os.close(fd)
+        _check(libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
 class Server:
-    def __init__(self):
+    def __init__(self, config):
         self.root = os.getuid() == 0
-        self.config = {"root": self.root, "uid": os.getuid()}
+        self.config = dict(config, root=self.root, uid=os.getuid())
+        join_new_session_keyring(config.get("keyctl"))
+        self.memory_cgroup = memory_cgroup_delegated()
         self.namespaces, self.missing = isolate_server(self.config)
-        self.per_child_ns = 0
-        self.ready = None
-        self.zombies = []
-        if "mount" in self.namespaces:
-            self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
-            self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
-                                   for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
+        self.refused, self.landlock = None, 0
+        if not self.root and not self.namespaces:
+            self.refused = self.unisolated(config.get("allow_unisolated"))
+            if self.refused:
+                return
+        if config.get("filter"):
+            self.filter = SyscallFilter(bytes.fromhex(config["filter"]), config.get("seccomp"))
+        else:
+            self.filter = None
+            self.missing.append(config.get("filter_missing") or "no system-call filter")
+        self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC if "mount" in self.namespaces else 0
+        self.ordered, self.forked = False, None
+        self.exits = {}  # pid -> exit status, as the zygote reported it when asked
         for name in PRELOAD:
             __import__(name)
         # Everything allocated so far is never freed: keep it out of the children's garbage collections, which would
         # otherwise walk (and copy, page by page) the whole inherited heap.
         gc.collect()
         gc.freeze()
+        # Before the first request is read: the zygote never holds request or reply data, so neither do children.
+        self.zygote = Zygote.start(self)
+        failed = json.loads(self.zygote.recv(4096) or b'{"filter_failed": "the zygote exited"}')["filter_failed"]
+        if failed:
+            self.filter = None
+            self.missing.append(failed)
+
+    def unisolated(self, allowed):
+        """Without namespaces a snippet runs as the caller's uid, next to the caller's processes: it could read
+        their memory and environment (/proc/<pid>/mem, environ) and write into another fork server's pipes. Only
+        when the caller opted in, and then with what works unprivileged: the host and the servers not dumpable
+        (no /proc access, no ptrace by the same uid), Landlock, the system-call filter. Returns why it is refused,
+        or None."""
+        if not allowed:
+            return self.missing[0]
+        prctl(PR_SET_DUMPABLE, 0)
+        self.landlock = landlock_abi()
+        uid = self.config["uid"]
+        if self.landlock:
+            self.readable = [p for p in SYSTEM_DIRS + (sys.prefix, sys.base_prefix, sys.exec_prefix)
+                             + tuple(sys.path) + ("/dev/urandom", "/dev/zero") if p]
+            self.missing.append("file system: Landlock (ABI %d) limits reads to the system and interpreter "
+                                "directories and writes to the snippet's own directory" % self.landlock)
+            self.missing.append("network: %s" % ("UDP and Unix sockets can reach the host (Landlock denies TCP)"
+                                                 if self.landlock >= 4 else "sockets can reach the network"))
+            if self.landlock < 6:
+                self.missing.append("processes: snippets may signal the other processes of uid %d" % uid)
+        else:
+            self.missing += ["Landlock unavailable", "network: sockets can reach the network",
+                             "file system: readable and writable wherever uid %d may, /tmp shared" % uid,
+                             "processes: snippets see and may signal the other processes of uid %d" % uid]
+        return None
 
     def describe(self):
+        if self.refused:
+            return {"refused": self.refused}
         rlimits = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"]
         namespaces = list(self.namespaces) + ["ipc"] * bool(self.per_child_ns)
         if self.root:
@@ -181,159 +366,92 @@ class Server:
             uid, privileges = self.config["uid"], "all capabilities dropped, no_new_privs"
         else:
             uid, privileges = self.config["uid"], "unchanged (the caller's uid), no_new_privs"
-        return {"namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
-                "missing": self.missing,
+        if self.filter is not None:
+            privileges += ", system-call filter (seccomp), a new session keyring"
+        if self.landlock:
+            privileges += ", Landlock, fork servers and host not dumpable"
+        memory = "RLIMIT_AS per snippet; outside its address space it can hold %s%s; %s" % (
+            "the 16 MiB of its /tmp" if self.per_child_ns else "files in its directory (file_kb each)",
+            " (the system-call filter denies memfd, System V and POSIX shared memory, keyrings, new user namespaces)"
+            if self.filter else " and whatever memfd, shared memory, keyrings or mounts hold",
+            "a cgroup v2 memory controller is delegated here but not used" if self.memory_cgroup
+            else "no cgroup v2 memory controller is delegated here")
+        mode = "root" if self.root else "user namespace" if self.namespaces else "unisolated (opted in)"
+        return {"mode": mode, "namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
+                "missing": self.missing, "memory": memory,
                 "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
 
     # -- one execution -------------------------------------------------------------------------------------------
-    # The next child is forked and isolated ahead of time (`prepare`, while the current snippet runs): it waits,
+    # The next child is ordered from the zygote ahead of time (`order`, while the current snippet runs): it waits,
     # privileged but running nothing else, for its request on a pipe; then it sets the request's rlimits, drops
-    # privileges and runs the snippet. So each snippet still gets a fresh child, and the fork and namespace setup
+    # privileges and runs the snippet. So each snippet still gets a fresh child, and the forks and namespace setup
     # overlap with the previous execution instead of adding to each one's latency.
-    def prepare(self):
-        self.reap()
-        if self.ready is not None:
-            return
-        out_r, out_w = os.pipe()
-        res_r, res_w = os.pipe()
-        req_r, req_w = os.pipe()
+    def order(self):
+        if not self.ordered:
+            self.zygote.send(b"f")
+            self.ordered = True
+
+    def from_zygote(self, timeout=None):
+        """Read the zygote's next message: an exit status goes to `exits`, a new child to `forked`. False on timeout;
+        SystemExit when the zygote is gone (the host then replaces this server)."""
+        if timeout is not None and not select.select([self.zygote], [], [], max(0.0, timeout))[0]:
+            return False
+        message, fds, _, _ = socket.recv_fds(self.zygote, 256, 3)
+        if not message:
+            raise SystemExit("the zygote exited")
+        reply = json.loads(message)
+        if "exited" in reply:
+            self.exits[reply["exited"]] = reply["status"]
+        else:
+            self.forked = (reply, fds)
+        return True
+
+    def receive(self):
+        """The ordered child: (pid, request pipe, output pipe, result pipe); OSError when the zygote could not make
+        it."""
+        self.order()
+        while self.forked is None:
+            self.from_zygote()
+        (reply, fds), self.forked, self.ordered = self.forked, None, False
+        self.exits.clear()  # late answers about children killed at their deadline
+        if "errno" in reply:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(reply["errno"], reply["error"])
+        return (reply["pid"], *fds)
+
+    def run(self, req):
+        try:
+            pid, req_w, out_r, res_r = self.receive()
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+                raise
+            return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
+                    "duration_s": 0.0}
         workdir = None
         if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
             workdir = "/tmp/trl-ext-sandbox-%s" % os.urandom(16).hex()
             os.mkdir(workdir, 0o700)
             if self.root:
                 os.chown(workdir, NOBODY, NOBODY)
-        try:
-            pid = self.fork_isolated()
-        except BaseException:
-            for fd in (out_r, out_w, res_r, res_w, req_r, req_w):
-                os.close(fd)
-            if workdir:
-                remove_tree(workdir)
-            raise
-        if pid == 0:
-            os.close(out_r), os.close(res_r), os.close(req_w)
-            self.child(req_r, out_w, res_w, workdir)  # never returns
-        os.close(out_w), os.close(res_w), os.close(req_r)
-        self.ready = (pid, req_w, out_r, res_r, workdir)
-
-    def run(self, req):
-        try:
-            self.prepare()
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
-                raise
-            return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
-                    "duration_s": 0.0}
-        (pid, req_w, out_r, res_r, workdir), self.ready = self.ready, None
-        req["nonce"] = os.urandom(16).hex()
+        req["nonce"], req["workdir"] = os.urandom(16).hex(), workdir
         start = time.monotonic()
         try:
             write_all(req_w, json.dumps(req).encode())
         except OSError:  # the child died while waiting: its exit status tells why
             pass
         os.close(req_w)
-        try:
-            self.prepare()  # the next child, while this one runs
-        except OSError:  # retried, and reported, by the next run()
-            pass
+        self.order()  # the next child, while this one runs
         try:
             return self.collect(pid, out_r, res_r, req["nonce"], req, start)
         finally:
             if workdir:
                 remove_tree(workdir)
 
-    def fork_isolated(self):
-        """Fork the child into fresh mount, PID and IPC namespaces with a private tmpfs on /tmp. The server enters
-        the new mount and IPC namespaces only for the fork and then returns to its own (setns), so one fork per
-        execution suffices and the child is PID 1 of its new PID namespace."""
-        if not self.per_child_ns:
-            return os.fork()
-        unshare(self.per_child_ns)
-        try:
-            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
-                TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
-            pid = os.fork()
-        except BaseException:
-            self.restore_namespaces()
-            raise
-        if pid:
-            self.restore_namespaces()
-        return pid
-
-    def restore_namespaces(self):
-        """Back to the server's own namespaces; a server that cannot return must not serve again (the host replaces
-        it when it exits)."""
-        for kind, fd in self.own_namespaces:
-            if libc.setns(fd, kind) != 0:
-                raise SystemExit("setns: %s" % os.strerror(ctypes.get_errno()))
-
-    def child(self, req_r, out_w, res_w, workdir):
-        """In the new namespaces, still privileged: finish the setup, wait for the request, set its limits, drop
-        privileges, run the snippet."""
-        early = None
-        try:
-            os.setsid()
-            if self.per_child_ns:
-                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            os.chdir(workdir or "/tmp")
-        except BaseException as exc:
-            early = exc
-        chunks = []
-        while True:
-            chunk = os.read(req_r, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        if not chunks:  # the server went away without a request
-            os._exit(1)
-        req = json.loads(b"".join(chunks))
-        nonce = req["nonce"]
-        try:
-            if early is not None:
-                raise early
-            os.close(req_r)
-            limit = lambda r, soft, hard=None: resource.setrlimit(r, (soft, soft if hard is None else hard))  # noqa
-            cpu = max(1, math.ceil(req["timeout_s"]))
-            limit(resource.RLIMIT_CPU, cpu, cpu + 1)
-            limit(resource.RLIMIT_AS, req["memory_mb"] << 20)
-            limit(resource.RLIMIT_FSIZE, req["file_kb"] << 10)
-            limit(resource.RLIMIT_NOFILE, 64)
-            limit(resource.RLIMIT_CORE, 0)
-            limit(resource.RLIMIT_NPROC, 0)
-            limit(resource.RLIMIT_MEMLOCK, 0)
-            if self.root:
-                os.setgroups([])
-                os.setresgid(NOBODY, NOBODY, NOBODY)
-                os.setresuid(NOBODY, NOBODY, NOBODY)
-            elif "user" in self.namespaces:
-                drop_capabilities()
-            prctl(PR_SET_NO_NEW_PRIVS, 1)
-            devnull = os.open("/dev/null", os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(out_w, 1)
-            os.dup2(out_w, 2)
-            os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
-            os.closerange(RESULT_FD + 1, 1 << 16)
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
-            os.environ.clear()
-            os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
-                               "LANG": "C.UTF-8"})
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-            if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
-                sys.modules["random"].seed()
-        except BaseException as exc:
-            write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
-            os._exit(0)
-        run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
-
     def collect(self, pid, out_r, res_r, nonce, req, start):
         """Read the child's output (capped) and its result until it closes both pipes; kill it on the wall-clock
-        timeout. A child that delivered its result is killed and reaped later: its namespaces are torn down while the
-        reply is already on its way."""
+        timeout. A child that delivered its result is killed and reaped later (by the zygote): its namespaces are
+        torn down while the reply is already on its way."""
         deadline = start + req["timeout_s"]
         out, res, error = bytearray(), bytearray(), None
         cap = req["max_output_bytes"]
@@ -355,7 +473,7 @@ class Server:
                         error = "output too large (over %d bytes)" % cap
                 else:
                     res += chunk
-                    if len(res) > req["max_value_bytes"] + 4096:
+                    if len(res) > 6 * req["max_value_bytes"] + 4096:  # JSON escapes a character in <= 6
                         error = "result too large"
             if error:
                 break
@@ -363,7 +481,7 @@ class Server:
             os.close(fd)
         reply = {"ok": False, "stdout": bytes(out[:cap]).decode("utf-8", "replace"), "error": error,
                  "value_repr": None}
-        message = None if error else read_message(bytes(res), nonce)
+        message = None if error else read_message(bytes(res), nonce, req["max_value_bytes"])
         if message is not None:
             reply.update(message)
         elif error is None:  # pipes closed without a result: its exit status says why (within the deadline)
@@ -375,25 +493,16 @@ class Server:
                 pid = None
         if pid is not None:
             self.kill(pid)
-            self.zombies.append(pid)
         reply["duration_s"] = time.monotonic() - start
         return reply
 
-    @staticmethod
-    def wait(pid, deadline):
-        while True:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got:
-                return status
-            if time.monotonic() >= deadline:
+    def wait(self, pid, deadline):
+        """The child's exit status (asked of the zygote, which reaps it), or None at the deadline."""
+        self.zygote.send(b"w%d" % pid)
+        while pid not in self.exits:
+            if not self.from_zygote(deadline - time.monotonic()):
                 return None
-            time.sleep(0.001)
-
-    def reap(self):
-        """Collect the children killed after their reply."""
-        for pid in list(self.zombies):
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                self.zombies.remove(pid)
+        return self.exits.pop(pid)
 
     @staticmethod
     def verdict(status):
@@ -414,19 +523,208 @@ class Server:
                 pass
 
 
-def read_message(res, nonce):
+class Zygote:
+    """The process every snippet process is forked from. It is forked from the server before the server reads its
+    first request and then receives nothing but one-byte orders, so its memory (which each snippet inherits) holds
+    no request, code, output or value of any execution. Per order it forks a child into new mount, PID and IPC
+    namespaces with a private tmpfs on /tmp (entering them with `unshare` and returning with `setns`, so one fork
+    suffices and the child is PID 1 there) and passes the child's pipes to the server over the control socket; the
+    child reads its own request from one of them. The zygote reaps its children; the server asks it for an exit
+    status when it needs one (a child that ended without a result)."""
+
+    def __init__(self, sock, server):
+        self.sock, self.per_child_ns, self.root = sock, server.per_child_ns, server.root
+        self.filter, self.keyctl = server.filter, server.config.get("keyctl")
+        self.landlock, self.readable = server.landlock, getattr(server, "readable", None)
+        self.statuses = {}
+        if self.per_child_ns:
+            self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
+                                   for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
+
+    @classmethod
+    def start(cls, server):
+        server_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if os.fork():
+            zygote_end.close()
+            return server_end
+        server_end.close()
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        devnull = os.open("/dev/null", os.O_RDWR)
+        os.dup2(devnull, 0), os.dup2(devnull, 1)  # the server's request and reply streams
+        os.close(devnull)
+        try:
+            zygote = cls(zygote_end, server)
+            prctl(PR_SET_NO_NEW_PRIVS, 1)  # needed to install a filter without CAP_SYS_ADMIN; the zygote never execs
+            failed = None
+            if zygote.filter is not None:
+                try:
+                    zygote.filter.install()
+                except OSError as exc:
+                    failed = "system-call filter not installed (%s)" % exc.strerror
+            zygote_end.send(json.dumps({"filter_failed": failed}).encode())
+            zygote.serve()
+        finally:
+            os._exit(0)
+
+    def serve(self):
+        while True:
+            order = self.sock.recv(16)
+            if not order:  # the server is gone
+                return
+            if order == b"f":
+                self.reap()
+                self.spawn()
+            else:  # b"w<pid>": the exit status of that child, once it has exited (the server kills it at its deadline)
+                pid = int(order[1:])
+                status = self.statuses.pop(pid, None)
+                if status is None:
+                    status = os.waitpid(pid, 0)[1]
+                self.sock.send(json.dumps({"exited": pid, "status": status}).encode())
+
+    def reap(self):
+        """Collect the children that have exited, keeping the latest statuses: the server asks for at most the one
+        of the child it is collecting."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not pid:
+                return
+            self.statuses[pid] = status
+            if len(self.statuses) > 16:
+                del self.statuses[next(iter(self.statuses))]
+
+    def spawn(self):
+        fds = []
+        try:
+            for _ in range(3):
+                fds += os.pipe()
+            out_r, out_w, res_r, res_w, req_r, req_w = fds
+            pid = self.fork_isolated()
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            self.sock.send(json.dumps({"errno": exc.errno, "error": str(exc)}).encode())
+            return
+        if pid == 0:
+            os.close(out_r), os.close(res_r), os.close(req_w)
+            self.sock.close()
+            child(req_r, out_w, res_w, self)  # never returns
+        self.sock.sendmsg([json.dumps({"pid": pid}).encode()],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [req_w, out_r, res_r]))])
+        for fd in fds:
+            os.close(fd)
+
+    def fork_isolated(self):
+        if not self.per_child_ns:
+            return os.fork()
+        unshare(self.per_child_ns)
+        try:
+            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
+                TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
+            pid = os.fork()
+        except BaseException:
+            self.restore_namespaces()
+            raise
+        if pid:
+            self.restore_namespaces()
+        return pid
+
+    def restore_namespaces(self):
+        """Back to the zygote's own namespaces; one that cannot return must not fork again (the server, then the
+        host, replace it when it exits)."""
+        for kind, fd in self.own_namespaces:
+            if libc.setns(fd, kind) != 0:
+                os._exit(1)
+
+
+def child(req_r, out_w, res_w, zygote):
+    """The snippet's process, in its new namespaces. What does not depend on the request is done before it arrives
+    (while the previous snippet runs): /proc, the keyring, the descriptors (the system-call filter and
+    `no_new_privs` come with the fork). Then it reads its request, sets its limits, drops its privileges and runs
+    the snippet."""
+    early = None
+    try:
+        os.setsid()
+        join_new_session_keyring(zygote.keyctl)
+        if zygote.per_child_ns:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.dup2(req_r, REQUEST_FD, inheritable=False)
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.dup2(res_w, RESULT_FD, inheritable=False)  # not passed on if the snippet exec()s another program
+        os.closerange(RESULT_FD + 1, REQUEST_FD)
+        os.closerange(REQUEST_FD + 1, 1 << 16)
+        req_r, res_w = REQUEST_FD, RESULT_FD
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would
+            sys.modules["random"].seed()
+    except BaseException as exc:
+        early = exc
+    chunks = []
+    while True:
+        chunk = os.read(req_r, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if not chunks:  # the server went away without a request
+        os._exit(1)
+    req = json.loads(b"".join(chunks))
+    nonce = req["nonce"]
+    try:
+        if early is not None:
+            raise early
+        os.close(req_r)
+        os.chdir(req["workdir"] or "/tmp")
+        limit = lambda r, soft, hard=None: resource.setrlimit(r, (soft, soft if hard is None else hard))  # noqa
+        cpu = max(1, math.ceil(req["timeout_s"]))
+        limit(resource.RLIMIT_CPU, cpu, cpu + 1)
+        limit(resource.RLIMIT_AS, req["memory_mb"] << 20)
+        limit(resource.RLIMIT_FSIZE, req["file_kb"] << 10)
+        limit(resource.RLIMIT_NOFILE, 64)
+        limit(resource.RLIMIT_CORE, 0)
+        limit(resource.RLIMIT_NPROC, 0)
+        limit(resource.RLIMIT_MEMLOCK, 0)
+        if zygote.root:  # not before the request: a child waiting for one is not yet a process of that uid
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+        elif zygote.per_child_ns:
+            drop_capabilities()
+        os.environ.clear()
+        os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
+                           "LANG": "C.UTF-8"})
+        if zygote.landlock:
+            landlock(zygote.landlock, zygote.readable, [os.getcwd(), "/dev/null"])
+    except BaseException as exc:
+        write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
+        os._exit(0)
+    run_snippet(req["code"], req["result_var"], nonce, req["max_value_bytes"])
+
+
+def read_message(res, nonce, max_value_bytes):
     """The child's own report (`ok` or its error), or None when it sent none that carries this execution's nonce."""
     if not res.startswith(nonce.encode()):
         return None
     try:
         message = json.loads(res[len(nonce):].decode())
-    except ValueError:
+    except (ValueError, RecursionError):  # the snippet knows its nonce: a deeply nested forgery must not kill us
         return None
     if not isinstance(message, dict):
         return None
     if message.get("error"):
-        return {"error": str(message["error"])}
-    return {"ok": True, "error": None, "value_repr": message.get("value_repr")}
+        return {"error": str(message["error"])[:1000]}
+    value_repr = message.get("value_repr")
+    if value_repr is not None and not (isinstance(value_repr, str) and len(value_repr) <= max_value_bytes):
+        return {"error": "unreadable result: not a repr within %d characters" % max_value_bytes}
+    return {"ok": True, "error": None, "value_repr": value_repr}
 
 
 def write_all(fd, data):
@@ -480,20 +778,22 @@ def run_snippet(code, result_var, nonce, max_value_bytes):
     except BaseException as exc:
         payload = (nonce + json.dumps({"error": "unreadable result: %s" % type(exc).__name__})).encode()
     write_all(RESULT_FD, payload)
+    # The server replies once both pipes are closed: closing them here, not at exit, keeps the teardown of this
+    # process's memory off the execution's latency.
+    os.closerange(0, RESULT_FD + 1)
     os._exit(0)
 
 
 def main():
     # Started with `-c`: drop the working directory from the import path, as `-I` would.
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-    server = Server()
+    server = Server(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
     requests, replies = sys.stdin.buffer, sys.stdout
     replies.write(json.dumps(server.describe()) + "\n")
     replies.flush()
-    try:
-        server.prepare()
-    except OSError:
-        pass
+    if server.refused:
+        return
+    server.order()
     for line in requests:
         req = json.loads(line)
         try:

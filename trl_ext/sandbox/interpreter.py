@@ -19,7 +19,8 @@ import sys
 ENV_VAR = "TRL_EXT_SANDBOX_PYTHON"
 NOBODY = 65534
 # What the fork server and its children import: a candidate that cannot do this as uid 65534 is not usable.
-_PROBE = "import ctypes, json, resource, select, fractions, sys; assert sys.version_info >= (3, 10); print('ok')"
+_PROBE = ("import array, ctypes, json, resource, select, socket, fractions, sys; assert sys.version_info >= (3, 10); "
+          "print('ok')")
 
 
 def _candidates() -> list[str]:

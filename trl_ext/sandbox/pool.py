@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import atexit
+import ctypes
+import functools
 import json
 import os
 import queue
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from .interpreter import sandbox_interpreter
 from .result import ExecutionResult
+from .syscall_filter import compile_filter
 
 
 SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
@@ -31,6 +34,9 @@ SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
 # because `-I` ignores PYTHONHASHSEED: a fixed hash seed makes the iteration order of sets of strings the same in
 # every worker, on every rank and across restarts, so an execution's value does not depend on where it ran.
 SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
+# Opting in to the mode without namespaces (non-root where user namespaces are refused).
+ALLOW_ENV = "TRL_EXT_SANDBOX_ALLOW_UNISOLATED"
+PR_SET_DUMPABLE = 4
 # Seconds the host waits beyond a snippet's own timeout before it declares its server hung and replaces it.
 SERVER_GRACE_S = 30.0
 
@@ -42,7 +48,9 @@ class Limits:
     timeout_s: float = 5.0
     memory_mb: int = 512
     max_output_bytes: int = 1 << 16
-    max_value_bytes: int = 1 << 20
+    # The host parses what comes back: ast.literal_eval costs it far more than the snippet paid to build the text
+    # (a 1 MiB list: ~300 MB and 3 s; a 1 MiB set of ints with equal hashes: ~25 s). 64 KiB: ~20 MB, ~0.1 s.
+    max_value_bytes: int = 1 << 16
     file_kb: int = 8 << 10
 
     def __post_init__(self):
@@ -59,9 +67,10 @@ class Limits:
 class ForkServer:
     """One fork-server process and its line protocol (a JSON request per line in, a JSON reply per line out)."""
 
-    def __init__(self, interpreter: str):
+    def __init__(self, interpreter: str, allow_unisolated: bool = False):
+        config = {**server_config(), "allow_unisolated": allow_unisolated, "home": os.path.expanduser("~")}
         self.proc = subprocess.Popen(
-            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text()],
+            [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SERVER_ENV,
         )
         self._pending = b""
@@ -72,6 +81,17 @@ class ForkServer:
             self.close()
             raise RuntimeError(f"The sandbox fork server ({interpreter}) did not start: {message}")
         self.info = json.loads(hello)
+        if "refused" in self.info:
+            self.close()
+            raise RuntimeError(
+                f"The sandbox cannot isolate snippets here: {self.info['refused']}, so they would run as your uid "
+                f"next to your processes (able to read their memory and environment, API keys included). Run as "
+                f"root or where unprivileged user namespaces are allowed (Docker's default profile and recent "
+                f"Ubuntu refuse them), or accept this explicitly with {ALLOW_ENV}=1 or "
+                f"SandboxPool(allow_unisolated=True): snippets then run with rlimits, the system-call filter, "
+                f"Landlock where the kernel has it, and this process not dumpable.")
+        if self.info.get("mode") == "unisolated (opted in)":  # (a server of an older design has no mode)
+            make_undumpable()
 
     def _read_line(self, deadline: float) -> bytes | None:
         fd = self.proc.stdout.fileno()
@@ -111,23 +131,51 @@ class ForkServer:
         self.proc.stderr.close()
 
 
-def to_result(reply: dict, result_var: str | None) -> ExecutionResult:
-    """The server's reply as an `ExecutionResult`; the value is read with `ast.literal_eval`, nothing else."""
-    ok, error, value = reply["ok"], reply["error"], None
+def make_undumpable():
+    """PR_SET_DUMPABLE 0 on this process: processes of the same uid (the snippets, when nothing else separates
+    them) can no longer read its /proc/<pid>/environ or memory, nor ptrace it."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def allow_unisolated_from_env() -> bool:
+    return os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@functools.lru_cache(maxsize=None)
+def server_config() -> dict:
+    """What the fork servers get from the host on their command line: the compiled system-call filter and the
+    numbers of the calls they make without a C library wrapper."""
+    program, numbers, missing = compile_filter()
+    return {"filter": program.hex() if program else None, "filter_missing": missing, **numbers}
+
+
+def to_result(reply: dict, result_var: str | None, limits: Limits) -> ExecutionResult:
+    """The server's reply as an `ExecutionResult`; the value is read with `ast.literal_eval`, nothing else, and only
+    once its text is known to be within `max_value_bytes` characters (the parse is what costs the host)."""
+    ok, error, value, text = reply["ok"], reply["error"], None, reply["value_repr"]
+    if not isinstance(text, str):  # the server checks this too; the host does not rely on it
+        text = None
     if ok and result_var is not None:
-        try:
-            value = ast.literal_eval(reply["value_repr"])
-        except Exception as exc:  # SyntaxError, ValueError, RecursionError, MemoryError ...: a hostile repr
-            ok, error = False, f"unreadable result: not a Python literal ({type(exc).__name__})"
-    return ExecutionResult(ok=ok, stdout=reply["stdout"], error=error, value=value,
-                           value_repr=reply["value_repr"], duration_s=reply["duration_s"])
+        if text is None or len(text) > limits.max_value_bytes:
+            ok, error, text = False, f"unreadable result: no repr within {limits.max_value_bytes} characters", None
+        else:
+            try:
+                value = ast.literal_eval(text)
+                repr(value)  # printing a result must not raise (an int beyond sys.get_int_max_str_digits() does)
+            except Exception as exc:  # SyntaxError, ValueError, RecursionError, MemoryError ...: a hostile repr
+                ok, error, value = False, f"unreadable result: not a Python literal ({type(exc).__name__})", None
+    return ExecutionResult(ok=ok, stdout=reply["stdout"], error=error, value=value, value_repr=text,
+                           duration_s=reply["duration_s"])
 
 
 class SandboxPool:
     """Idle fork servers, started on demand and reused; thread-safe."""
 
-    def __init__(self, interpreter: str | None = None):
+    def __init__(self, interpreter: str | None = None, allow_unisolated: bool | None = None):
+        """`allow_unisolated`: run snippets even where no namespace can be created (see `ForkServer`); default: the
+        environment variable TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1."""
         self.interpreter = interpreter
+        self.allow_unisolated = allow_unisolated_from_env() if allow_unisolated is None else allow_unisolated
         self.pid = os.getpid()
         self._idle: queue.LifoQueue[ForkServer] = queue.LifoQueue()
         self._servers: list[ForkServer] = []
@@ -139,7 +187,7 @@ class SandboxPool:
             return self._idle.get_nowait()
         except queue.Empty:
             pass
-        server = ForkServer(self.interpreter or sandbox_interpreter())
+        server = ForkServer(self.interpreter or sandbox_interpreter(), self.allow_unisolated)
         with self._lock:
             self._servers.append(server)
             if server.info["missing"] and not self._warned:
@@ -160,7 +208,7 @@ class SandboxPool:
             self._discard(server)
             return ExecutionResult(ok=False, stdout="", error="sandbox server failed (replaced)")
         self._idle.put(server)
-        return to_result(reply, result_var)
+        return to_result(reply, result_var, limits)
 
     def run_many(self, codes: Sequence[str], result_var: str | None, limits: Limits,
                  max_workers: int | None) -> list[ExecutionResult]:

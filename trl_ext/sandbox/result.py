@@ -15,8 +15,10 @@ class ExecutionResult:
         stdout: What the snippet printed (stdout and stderr), capped, decoded as UTF-8 with replacement characters.
         error: `None` when `ok`; otherwise a short reason: `"timeout"`, `"memory"`, `"exception: ZeroDivisionError:
             division by zero"`, `"output too large ..."`, `"unreadable result: ..."`, `"killed by signal 11"`, ...
-        value: `ast.literal_eval` of the `repr` of the requested variable, computed in the child (never unpickled).
-        value_repr: That `repr` text.
+        value: `ast.literal_eval` of the `repr` of the requested variable, computed in the child (never unpickled);
+            only set when `ok`, and then its own `repr` works (printing a result never raises).
+        value_repr: That `repr` text: a `str` within `max_value_bytes` characters, or `None` (no value asked for,
+            none sent, or one too long to read).
         duration_s: Wall-clock seconds of the execution, measured by the fork server (fork to exit).
     """
 

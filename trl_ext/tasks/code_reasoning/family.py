@@ -25,6 +25,7 @@ from . import prompts
 from .heldout import make_heldout_questions
 from .programs import (
     MAX_MESSAGE_CHARS,
+    MAX_OUTPUT_CHARS,
     RESULT_VAR,
     blocks_labeled,
     call_snippet,
@@ -70,7 +71,8 @@ class CodeTaskState(TaskState):
             raise ValueError(f"min_pairs ({min_pairs}) cannot exceed num_inputs ({num_inputs}).")
         self.num_references, self.num_inputs, self.min_pairs = num_references, num_inputs, min_pairs
         self.max_buffer_size = max_buffer_size
-        self.limits = {"timeout_s": timeout_s, "memory_mb": memory_mb}
+        # Values are read back only up to the family's own cap on an output repr: the host parses them.
+        self.limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "max_value_bytes": MAX_OUTPUT_CHARS}
         self.max_workers = max_workers
         self._execute_many = execute_many
         self.triplets: list[dict[str, str]] = [dict(ZERO_TRIPLET)]
