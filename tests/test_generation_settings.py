@@ -5,7 +5,7 @@ another turn or defeat a group are refused at config time, naming the field."""
 import pytest
 from datasets import Dataset
 
-from trl_ext.testing import LoopbackVLLMServer, cpu_test_args, tiny_causal_lm, vllm_server_mode
+from trl_ext.testing import BatchRecorder, LoopbackVLLMServer, cpu_test_args, tiny_causal_lm, vllm_server_mode
 from trl_ext.trainers import (
     AbsoluteZeroConfig,
     AbsoluteZeroTrainer,
@@ -128,3 +128,47 @@ def test_turn_kwargs_parse_from_json_and_a_seed_is_fine_with_n_per_request(tmp_p
     assert azr.proposer_generation_kwargs == {"stop": ["?"]}
     replay = cpu_test_args(tmp_path, ReplayGRPOConfig, num_generations=4, generation_kwargs={"seed": 3})
     assert replay.generation_kwargs == {"seed": 3}  # transformers generation: no request per row
+
+
+def test_rlcr_confidence_prompts_over_the_vllm_context_become_zero_reward_stand_ins(tmp_path):
+    model, tokenizer = tiny_causal_lm()
+
+    def script(prompt_text, k):
+        if "<|im_start|>" not in prompt_text:  # a stand-in for a prompt that does not fit
+            return "stand-in"
+        if "confidence" in prompt_text.split("<|im_start|>user")[-1]:
+            return "<confidence>0.9</confidence>"
+        return "<think>" + " long" * 20 if k == 0 else "<answer>2</answer>"  # k == 0: cut at max_tokens
+
+    with LoopbackVLLMServer(model, tokenizer, script=script) as server, vllm_server_mode(server):
+        args = cpu_test_args(
+            tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
+            num_generations_confidence=2, max_completion_length=12, max_confidence_length=8, **server_args(server),
+        )
+        trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=rlcr_dataset(),
+                                       processing_class=tokenizer)
+        # The context fits every answer turn and the confidence turns of short answers, not those of long ones.
+        prompts = [trainer._tokenize_prompts([row["prompt"]])[0][0] for row in rlcr_dataset()]
+        short = tokenizer.encode("<answer>2</answer>", add_special_tokens=False) + [tokenizer.eos_token_id]
+        server.max_model_len = max(len(trainer._turn.prompt_ids(p, short, trainer.eos_token_ids)) for p in prompts) + 8
+        long_turn2 = min(len(trainer._turn.prompt_ids(p, [7] * 12, trainer.eos_token_ids)) for p in prompts)
+        assert max(map(len, prompts)) + 12 <= server.max_model_len < long_turn2 + 8
+        with BatchRecorder(trainer) as rec:
+            trainer.train()
+
+    answers, confidences = server.requests
+    long_answer = [len(c["token_ids"]) == 12 for c in answers["choices"]]
+    assert long_answer == [True, False] * 2
+    # One stand-in per long answer's G_c siblings (n=2): row counts are unchanged.
+    assert [len(p) == 1 for p in confidences["body"]["prompt"]] == long_answer * 1
+    batch = rec.batches[0]
+    assert batch["completion_ids"].shape[0] == 4 + 8  # no lost rows
+    over = [flag for flag in long_answer for _ in range(2)]
+    for row, flag in enumerate(over, start=4):  # a stand-in row: one EOS token, no sampler log-prob, advantage 0
+        assert (batch["completion_mask"][row].sum().item() == 1) == flag
+        if flag:
+            assert batch["completion_ids"][row, 0].item() == tokenizer.eos_token_id
+            assert batch["advantages"][row].item() == 0.0
+    log = trainer.state.log_history[0]
+    assert log["confidence/generation/prompts_over_context"] == 4.0
+    assert log["generation/prompts_over_context"] == 0.0

@@ -41,16 +41,21 @@ class LoopbackVLLMServer:
     the end-of-sequence token, is cut at `max_tokens`, and its log-probs are the server model's. Generation then
     still goes through TRL's real server-mode path (gather, de-duplication, broadcast, per-process slicing).
 
+    `max_model_len` (default: the model's `max_position_embeddings`) is the context, reported in `/server_info` as
+    vLLM does: a request with a prompt whose length plus `max_tokens` exceeds it fails whole (HTTP 400).
+
     Attributes:
-        requests: every `/v1/completions` request body and the choices answered, in order.
+        requests: every answered `/v1/completions` request body and its choices, in order.
         weight_updates: number of completed weight updates.
     """
 
-    def __init__(self, model, tokenizer, model_name: str = "loopback-model", script=None):
+    def __init__(self, model, tokenizer, model_name: str = "loopback-model", script=None,
+                 max_model_len: int | None = None):
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.script = script
+        self.max_model_len = max_model_len or model.config.max_position_embeddings
         self.requests: list[dict] = []
         self.weight_updates = 0
         self._lock = threading.Lock()
@@ -120,7 +125,7 @@ class LoopbackVLLMServer:
             "/v1/models": lambda body: {"object": "list", "data": [{"id": self.model_name, "object": "model"}]},
             "/server_info": lambda body: {
                 "vllm_config": {
-                    "model_config": {"logprobs_mode": "processed_logprobs"},
+                    "model_config": {"logprobs_mode": "processed_logprobs", "max_model_len": self.max_model_len},
                     "weight_transfer_config": {"backend": "nccl"},
                 }
             },
@@ -157,6 +162,14 @@ class LoopbackVLLMServer:
         if not prompts or not isinstance(prompts[0], list):
             raise ValueError("this server takes token-id prompts only (a list of lists of ints)")
         n = int(body.get("n", 1))
+        max_tokens = int(body.get("max_tokens", 16))
+        for prompt_ids in prompts:  # as vLLM's OpenAI server: the whole request fails
+            if len(prompt_ids) + max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
+                    "completion). Please reduce the length of the messages or completion."
+                )
         choices = []
         with self._lock:
             for prompt_ids in prompts:

@@ -50,6 +50,7 @@ from ..rewards.parsing import completion_text
 from ..tasks.base import tagged_question_parser, template_fields, template_solver_prompt
 from ..user_calls import UserCallGuard
 from .absolute_zero_config import AbsoluteZeroConfig
+from .context_limit import VLLMContextLimit
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .scoping import scoped_call, turn_generations, use_turn_generation, without_generation_kwargs
@@ -101,7 +102,7 @@ class _Group:
     rounds: int = 0
 
 
-class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
+class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, VLLMContextLimit, GRPOTrainer):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
     Args:

@@ -35,6 +35,7 @@ from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
+from .context_limit import VLLMContextLimit
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
@@ -49,7 +50,7 @@ FAMILY_KEY = "answer_index"  # batch key: the process-local index of a row's ans
 logger = logging.getLogger(__name__)
 
 
-class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimit, GRPOTrainer):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
     Args:
