@@ -75,3 +75,51 @@ def test_grpo_trains_two_steps_through_the_vllm_server(tmp_path, model_and_token
     assert all(d < 1e-3 for d in diffs), diffs
     # and the policy did move: the server model (synced at step 1) differs from the initial weights
     assert any(not torch.equal(p, q) for p, q in zip(server.model.parameters(), model_and_tokenizer[0].parameters()))
+
+
+def test_server_honours_seed_stop_eos_ids_and_context(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    prompt = tokenizer.encode("hello there", add_special_tokens=False)
+    body = {"prompt": [prompt], "n": 1, "max_tokens": 8, "logprobs": 0, "temperature": 1.0, "seed": 7}
+
+    def choices(server, **fields):
+        reply = requests.post(f"{server.base_url}/v1/completions", json={**body, **fields})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"]
+
+    with LoopbackVLLMServer(model, tokenizer) as server:
+        first = choices(server)[0]
+        assert choices(server)[0]["token_ids"] == first["token_ids"]  # a seed: the same sample, request after request
+        pair = choices(server, n=2, max_tokens=8)
+        assert pair[0]["token_ids"] != pair[1]["token_ids"]  # ... but n samples of one request differ
+        ids = first["token_ids"]
+        cut = next(k for k in range(1, len(ids)) if tokenizer.decode(ids[:k], skip_special_tokens=True).strip())
+        stop = tokenizer.decode(ids[:cut], skip_special_tokens=True)
+        stopped = choices(server, stop=[stop])[0]
+        assert stopped["token_ids"] == ids[:cut] and stopped["finish_reason"] == "stop"
+        assert server.requests[-1]["body"]["stop"] == [stop]
+        too_long = requests.post(f"{server.base_url}/v1/completions", json={**body, "max_tokens": 1024})
+        assert too_long.status_code == 400 and "maximum context length is 1024 tokens" in too_long.json()["error"]
+        assert requests.get(f"{server.base_url}/server_info").json()["vllm_config"]["model_config"][
+            "max_model_len"] == 1024
+
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, ids[0]]  # a second EOS id, as chat models have
+    with LoopbackVLLMServer(model, tokenizer) as server:
+        assert choices(server)[0]["token_ids"] == ids[:1] and choices(server)[0]["finish_reason"] == "stop"
+
+
+def test_perturbed_server_weights_move_the_importance_sampling_ratio_off_one(tmp_path, model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}]} for i in range(8)])
+    with LoopbackVLLMServer(model, tokenizer, perturb=0.05) as server, vllm_server_mode(server):
+        args = cpu_test_args(
+            tmp_path, max_steps=1, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.base_url,
+            vllm_importance_sampling_mode="token_truncate",
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=args, train_dataset=dataset,
+                              processing_class=tokenizer)
+        trainer.train()
+    log = trainer.state.log_history[0]
+    ratios = (log["sampling/importance_sampling_ratio/min"], log["sampling/importance_sampling_ratio/max"])
+    assert ratios[0] < 0.99 and ratios[1] > 1.01, ratios  # the unperturbed server stays within 1e-3 of 1
+    assert log["sampling/sampling_logp_difference/max"] > 1e-2

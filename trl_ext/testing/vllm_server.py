@@ -15,7 +15,7 @@
 Everything between the trainer and the HTTP request (prompt de-duplication, `gather_object`/broadcast, slicing per
 process, log-prob parsing, the importance-sampling correction) is TRL's code. The server's log-probs are the
 temperature-scaled log-softmax of its model (vLLM's `processed_logprobs` without top-k/top-p truncation), so with
-the same weights TRL's importance-sampling ratio is 1 up to float error.
+the same weights TRL's importance-sampling ratio is 1 up to float error (unless `perturb` is set).
 """
 
 from __future__ import annotations
@@ -38,21 +38,37 @@ class LoopbackVLLMServer:
 
     `script(prompt_text, sample_index) -> str`, if given, writes the completions instead of sampling (as
     `ScriptedGeneration`, with `sample_index` the index among the request's `n` samples of that prompt); the text gets
-    the end-of-sequence token, is cut at `max_tokens`, and its log-probs are the server model's. Generation then
+    the end-of-sequence token, is cut at `max_tokens` and `stop`, and its log-probs are the server model's. Generation then
     still goes through TRL's real server-mode path (gather, de-duplication, broadcast, per-process slicing).
 
+    Request fields honoured as vLLM does: `stop` (the completion ends at the token that completes one), `seed` (the
+    same seed gives the same samples), and the model's generation config's EOS ids end a completion. `perturb`
+    adds seeded noise to the weights at start and after each update, so log-probs differ from the trainer's and
+    TRL's importance-sampling ratio moves off 1. Structured outputs are recorded, not enforced.
+
+    `max_model_len` (default: the model's `max_position_embeddings`) is the context, reported in `/server_info` as
+    vLLM does: a request with a prompt whose length plus `max_tokens` exceeds it fails whole (HTTP 400).
+
     Attributes:
-        requests: every `/v1/completions` request body and the choices answered, in order.
+        requests: every answered `/v1/completions` request body and its choices, in order.
         weight_updates: number of completed weight updates.
     """
 
-    def __init__(self, model, tokenizer, model_name: str = "loopback-model", script=None):
+    def __init__(self, model, tokenizer, model_name: str = "loopback-model", script=None,
+                 max_model_len: int | None = None, perturb: float = 0.0):
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.script = script
+        self.max_model_len = max_model_len or model.config.max_position_embeddings
+        self.perturb = perturb
+        eos = model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        # vLLM stops on every EOS id of the model's generation config, not only the tokenizer's
+        self.eos_token_ids = list(dict.fromkeys([*eos, tokenizer.eos_token_id]))
         self.requests: list[dict] = []
         self.weight_updates = 0
+        self._perturb_weights()
         self._lock = threading.Lock()
         self._incoming: queue.Queue = queue.Queue()  # the tensors TRL "broadcasts", in announced order
         self._httpd: ThreadingHTTPServer | None = None
@@ -120,7 +136,7 @@ class LoopbackVLLMServer:
             "/v1/models": lambda body: {"object": "list", "data": [{"id": self.model_name, "object": "model"}]},
             "/server_info": lambda body: {
                 "vllm_config": {
-                    "model_config": {"logprobs_mode": "processed_logprobs"},
+                    "model_config": {"logprobs_mode": "processed_logprobs", "max_model_len": self.max_model_len},
                     "weight_transfer_config": {"backend": "nccl"},
                 }
             },
@@ -149,14 +165,35 @@ class LoopbackVLLMServer:
         return {}
 
     def _finish_weight_update(self, body: dict) -> dict:
+        self._perturb_weights()
         self.weight_updates += 1
         return {}
+
+    @torch.no_grad()
+    def _perturb_weights(self) -> None:
+        """With `perturb`, add seeded noise of that relative scale to the weights, as a stand-in for the numerical
+        differences of a real inference engine (bf16 kernels): the sampler's log-probs then differ from the trainer's,
+        and TRL's importance-sampling ratio from 1."""
+        if not self.perturb:
+            return
+        generator = torch.Generator().manual_seed(self.weight_updates)
+        for param in self.model.parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32).to(param.dtype)
+            param.add_(noise * self.perturb * param.abs().mean())
 
     def _completions(self, body: dict) -> dict:
         prompts = body["prompt"]
         if not prompts or not isinstance(prompts[0], list):
             raise ValueError("this server takes token-id prompts only (a list of lists of ints)")
         n = int(body.get("n", 1))
+        max_tokens = int(body.get("max_tokens", 16))
+        for prompt_ids in prompts:  # as vLLM's OpenAI server: the whole request fails
+            if len(prompt_ids) + max_tokens > self.max_model_len:
+                raise ValueError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
+                    "completion). Please reduce the length of the messages or completion."
+                )
         choices = []
         with self._lock:
             for prompt_ids in prompts:
@@ -175,7 +212,8 @@ class LoopbackVLLMServer:
                 "token_logprobs": logps,
                 "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, logps, strict=True)],
             }
-        finished = bool(completion_ids) and completion_ids[-1] == self.tokenizer.eos_token_id
+        finished = bool(completion_ids) and (completion_ids[-1] in self.eos_token_ids
+                                             or self._stopped(completion_ids, body))
         return {
             "index": index,
             "text": self.tokenizer.decode(completion_ids, skip_special_tokens=True),
@@ -185,18 +223,41 @@ class LoopbackVLLMServer:
             "finish_reason": "stop" if finished else "length",
         }
 
+    def _stopped(self, completion_ids: list[int], body: dict) -> bool:
+        stop = body.get("stop") or []
+        text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
+        return any(s in text for s in ([stop] if isinstance(stop, str) else stop))
+
+    def _cut_at_stop(self, completion_ids: list[int], body: dict) -> list[int]:
+        """vLLM ends a completion at the first token whose text completes a `stop` string."""
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        for end in range(1, len(completion_ids) + 1):
+            text = self.tokenizer.decode(completion_ids[:end], skip_special_tokens=True)
+            if any(s in text for s in stop):
+                return completion_ids[:end]
+        return completion_ids
+
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], n: int, body: dict) -> list[tuple[list[int], list[float]]]:
+        seed = body.get("seed")
+        if seed is None:
+            return self._sample_unseeded(prompt_ids, n, body)
+        with torch.random.fork_rng():  # as vLLM's per-request generator: the same seed, the same samples
+            torch.manual_seed(int(seed))
+            return self._sample_unseeded(prompt_ids, n, body)
+
+    def _sample_unseeded(self, prompt_ids: list[int], n: int, body: dict) -> list[tuple[list[int], list[float]]]:
         temperature = float(body.get("temperature", 1.0))
         if self.script is not None:
             text = self.tokenizer.decode(prompt_ids)
             scripted = [self.tokenizer.encode(self.script(text, j), add_special_tokens=False)
                         + [self.tokenizer.eos_token_id] for j in range(n)]
-            scripted = [ids[: int(body.get("max_tokens", 16))] for ids in scripted]
+            scripted = [self._cut_at_stop(ids[: int(body.get("max_tokens", 16))], body) for ids in scripted]
             return [(ids, self._logprobs(prompt_ids, ids, max(temperature, 1e-6))) for ids in scripted]
         top_k = int(body.get("top_k") or 0)
         min_p = float(body.get("min_p") or 0.0)
-        eos = self.tokenizer.eos_token_id
+        eos = self.eos_token_ids
         input_ids = torch.tensor([prompt_ids])
         output = self.model.generate(
             input_ids,
@@ -214,7 +275,8 @@ class LoopbackVLLMServer:
         )
         results = []
         for row in output[:, len(prompt_ids) :].tolist():
-            completion = row[: row.index(eos) + 1] if eos in row else row
+            end = next((i for i, t in enumerate(row) if t in eos), None)
+            completion = self._cut_at_stop(row if end is None else row[: end + 1], body)
             results.append((completion, self._logprobs(prompt_ids, completion, max(temperature, 1e-6))))
         return results
 

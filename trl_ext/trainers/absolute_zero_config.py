@@ -65,6 +65,11 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             Scales the proposer rows' advantages in the loss.
         max_question_length (`int`, *optional*, defaults to `128`):
             Maximum number of tokens generated for a proposal (solver responses use `max_completion_length`).
+        proposer_generation_kwargs (`dict`, *optional*):
+            Generation kwargs of the proposer, as `generation_kwargs` (vLLM `SamplingParams`/request fields such as
+            `stop` or `structured_outputs`, or `GenerationConfig` fields). `generation_kwargs` and
+            `vllm_structured_outputs_regex` apply to the solver only. Lengths and group sizes have their own fields:
+            `max_tokens`, `max_new_tokens` and `n` are refused here and in `generation_kwargs`.
         question_tag (`str`, *optional*, defaults to `"question"`):
             Tag the default `parse_question` reads.
         proposer_prompt_template (`str`, *optional*):
@@ -75,6 +80,8 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
         solver_system_prompt (`str`, *optional*):
             System message of the default solver prompt.
     """
+
+    _VALID_DICT_FIELDS = TrlExtGRPOConfig._VALID_DICT_FIELDS + ["proposer_generation_kwargs"]
 
     num_questions_per_prompt: int = field(
         default=3, metadata={"help": "K: proposals per seed prompt (question group), at least 2."}
@@ -109,6 +116,10 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
     )
     proposer_loss_weight: float = field(default=1.0, metadata={"help": "Scale of the proposer rows' advantages."})
     max_question_length: int = field(default=128, metadata={"help": "Maximum tokens generated for a proposal."})
+    proposer_generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Generation kwargs of the proposer (generation_kwargs: the solver's only)."},
+    )
     question_tag: str = field(default="question", metadata={"help": "Tag read by the default question parser."})
     proposer_prompt_template: str | None = field(
         default=None,
@@ -137,6 +148,8 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             raise ValueError(f"max_repropose_attempts must be >= 0 (got {self.max_repropose_attempts}).")
         if self.max_question_length < 1:
             raise ValueError(f"max_question_length must be positive (got {self.max_question_length}).")
+        self.check_generation_kwargs("generation_kwargs", "max_completion_length")
+        self.check_generation_kwargs("proposer_generation_kwargs", "max_question_length")
         if self.proposer_reward_mode not in MODES:
             raise ValueError(f"proposer_reward_mode must be one of {MODES} (got {self.proposer_reward_mode!r}).")
         if self.proposer_rows not in PROPOSER_ROWS:

@@ -50,9 +50,10 @@ from ..rewards.parsing import completion_text
 from ..tasks.base import tagged_question_parser, template_fields, template_solver_prompt
 from ..user_calls import UserCallGuard
 from .absolute_zero_config import AbsoluteZeroConfig
+from .context_limit import VLLMContextLimit
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
-from .scoping import scoped_call
+from .scoping import scoped_call, turn_generations, use_turn_generation, without_generation_kwargs
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
 
@@ -101,7 +102,7 @@ class _Group:
     rounds: int = 0
 
 
-class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
+class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, VLLMContextLimit, GRPOTrainer):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
     Args:
@@ -175,7 +176,13 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             )
         for split in ("train_dataset", "eval_dataset"):
             _check_dataset(kwargs.get(split), split)
-        super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
+        with without_generation_kwargs(args):  # they are the solver's: applied per role below
+            super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
+        self._generation = turn_generations(self, {
+            "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
+            "proposer": (args.proposer_generation_kwargs, None),
+        })
+        use_turn_generation(self, self._generation["solver"])
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
         self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
@@ -282,8 +289,9 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
 
         Proposer rows (`inputs` None) are generated from `prompts` without tools; solver rows run as episodes of
         their input rows (`_episodes`)."""
-        with scoped_call(self, mode, prefix, max_new_tokens, num_generations=num_generations,
-                          num_generations_eval=num_generations):
+        generation = self._generation["proposer" if inputs is None else "solver"]
+        with scoped_call(self, mode, prefix, max_new_tokens, generation, num_generations=num_generations,
+                         num_generations_eval=num_generations):
             if inputs is None:
                 with scoped_call(self, **self._no_tools()):
                     output = self._generate(prompts)

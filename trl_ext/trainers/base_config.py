@@ -38,3 +38,33 @@ class TrlExtGRPOConfig(GRPOConfig):
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
         super().__post_init__()
+
+    def check_generation_kwargs(self, name: str, length_field: str | None, one_per_request: bool = False) -> None:
+        """Refuse, naming `name`, generation kwargs that would override a setting of their turn or defeat a group.
+
+        `length_field`: the setting that owns the turn's length (then `max_tokens`/`max_new_tokens` are refused).
+        `one_per_request`: some rows of a group are sent one per request (`n=1`), where a fixed `seed` makes them
+        identical; vLLM's colocate mode always does so.
+        """
+        kwargs = getattr(self, name)
+        if kwargs is None:
+            return
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"{name} must be a dict (or a JSON object string), got {type(kwargs).__name__}.")
+        if "n" in kwargs:
+            raise ValueError(
+                f"{name}['n'] would replace the number of samples per prompt that the trainer requests (its group "
+                "size); remove it and set the group size field (num_generations, ...) instead."
+            )
+        for key in ("max_tokens", "max_new_tokens"):
+            if length_field is not None and key in kwargs:
+                raise ValueError(
+                    f"{name}[{key!r}] would override {length_field}, the length this turn is generated with; remove "
+                    f"it and set {length_field} instead."
+                )
+        if "seed" in kwargs and (one_per_request or (self.use_vllm and self.vllm_mode == "colocate")):
+            raise ValueError(
+                f"{name}['seed'] gives every request the same seed, and here the rows of a group are sampled one per "
+                "request (vLLM colocate mode, replayed groups' fresh rows), so they would all be identical; remove "
+                "it (TrainingArguments.seed still seeds the run)."
+            )

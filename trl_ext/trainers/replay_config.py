@@ -107,6 +107,8 @@ class ReplayGRPOConfig(TrlExtGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        # A replayed group's fresh rows go to vLLM one per request.
+        self.check_generation_kwargs("generation_kwargs", None, one_per_request=self.use_vllm)
         n, k = self.num_generations, self.offpolicy_trajectories_per_task
         for name in ("replay_start_ratio", "exp_ratio"):
             value = getattr(self, name)

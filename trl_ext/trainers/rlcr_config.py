@@ -39,6 +39,11 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             per reward function passed to the trainer; the accuracy reward, which the trainer adds, takes this one.
         max_confidence_length (`int`, *optional*, defaults to `256`):
             Maximum number of tokens generated in the confidence turn (the answer turn uses `max_completion_length`).
+        confidence_generation_kwargs (`dict`, *optional*):
+            Generation kwargs of the confidence turn, as `generation_kwargs` (vLLM `SamplingParams`/request fields
+            such as `stop` or `structured_outputs`, or `GenerationConfig` fields). `generation_kwargs` and
+            `vllm_structured_outputs_regex` apply to the answer turn only. Lengths and group sizes have their own
+            fields: `max_tokens`, `max_new_tokens` and `n` are refused here and in `generation_kwargs`.
         confidence_prompt (`str`, *optional*):
             The user message that asks for a confidence after each answer.
         confidence_normalization (`str`, *optional*, defaults to `"answer"`):
@@ -75,6 +80,8 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             rows one by one.
     """
 
+    _VALID_DICT_FIELDS = TrlExtGRPOConfig._VALID_DICT_FIELDS + ["confidence_generation_kwargs"]
+
     num_generations_answer: int | None = field(
         default=None,
         metadata={"help": "Number of answers per prompt (G_a). Alias of `num_generations`; overrides it when set."},
@@ -91,6 +98,10 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     )
     max_confidence_length: int = field(
         default=256, metadata={"help": "Maximum number of tokens generated in the confidence turn."}
+    )
+    confidence_generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Generation kwargs of the confidence turn (generation_kwargs: the answer turn's only)."},
     )
     confidence_prompt: str = field(
         default=DEFAULT_CONFIDENCE_PROMPT,
@@ -143,6 +154,8 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             )
         if self.max_confidence_length < 1:
             raise ValueError(f"max_confidence_length must be positive (got {self.max_confidence_length}).")
+        self.check_generation_kwargs("generation_kwargs", "max_completion_length")
+        self.check_generation_kwargs("confidence_generation_kwargs", "max_confidence_length")
         for name in ("lambda_ans", "lambda_conf"):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):

@@ -11,7 +11,7 @@ successors) are swapped for TRL's prefix-preserving training version, for both t
 Both turns run through `GRPOTrainer._generate_and_score_completions`, so generation (vLLM server/colocate,
 transformers), old/ref log-probs and vLLM's importance-sampling correction are TRL's own. The confidence turn runs it
 inside `_confidence_turn()`, which scopes what differs for that call: the group size (`G_c`), the reward function
-(Brier), the scaling, the generation length, and the prompt ids, built by token concatenation in
+(Brier), the scaling, the generation length and settings, and the prompt ids, built by token concatenation in
 `_tokenize_prompts`. The trainer then adds span masks (`tool_mask`), weights and re-normalises advantages, and
 concatenates the rows. The loss is TRL's, unchanged: it reads the span mask and per-row advantages.
 """
@@ -35,10 +35,11 @@ from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
+from .context_limit import VLLMContextLimit
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
-from .scoping import scoped_call
+from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
 
 
@@ -49,7 +50,7 @@ FAMILY_KEY = "answer_index"  # batch key: the process-local index of a row's ans
 logger = logging.getLogger(__name__)
 
 
-class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
+class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimit, GRPOTrainer):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
     Args:
@@ -116,9 +117,16 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
                 "give one weight per reward function you pass; the built-in accuracy reward's weight is "
                 "accuracy_weight."
             )
-        # TRL weighs every reward function it holds, the accuracy reward first.
-        with scoped_call(args, reward_weights=[args.accuracy_weight, *(weights or [1.0] * len(extra))]):
+        # TRL weighs every reward function it holds, the accuracy reward first. Its generation kwargs are the answer
+        # turn's: they are applied per turn below.
+        with scoped_call(args, reward_weights=[args.accuracy_weight, *(weights or [1.0] * len(extra))],
+                         generation_kwargs=None):
             super().__init__(model, reward_funcs=[accuracy, *extra], args=args, **kwargs)
+        self._generation = turn_generations(self, {
+            "answer": (args.generation_kwargs, args.vllm_structured_outputs_regex),
+            "confidence": (args.confidence_generation_kwargs, None),
+        })
+        use_turn_generation(self, self._generation["answer"])
 
         self._brier_reward = make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)
         self._turn = follow_up_turn(
@@ -254,6 +262,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, GRPOTrainer):
             mode,
             prefix="confidence",
             max_new_tokens=args.max_confidence_length,
+            generation=self._generation["confidence"],
             num_generations=args.num_generations_confidence,
             num_generations_eval=args.num_generations_confidence,
             reward_funcs=[self._brier_reward],

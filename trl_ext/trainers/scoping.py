@@ -1,22 +1,78 @@
 """Scoped attribute swaps around one call of a `GRPOTrainer` method, shared by trainers that run TRL's batch code
-for a second kind of row (RLCR's confidence turn, Absolute Zero's proposer and solver rounds)."""
+for a second kind of row (RLCR's confidence turn, Absolute Zero's proposer and solver rounds), and the per-turn
+generation settings those calls swap in (docs/design.md#per-turn-generation-settings)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+from transformers import GenerationConfig
+
+
+@dataclass(frozen=True)
+class TurnGeneration:
+    """What one turn's generation reads besides its length: `generation_kwargs` and the structured-outputs regex
+    (vLLM), or the `GenerationConfig` and generate kwargs built from TRL's defaults and that turn's kwargs."""
+
+    kwargs: dict
+    regex: str | None = None
+    config: GenerationConfig | None = None
+    config_kwargs: dict | None = None
+
+
+def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) -> dict[str, TurnGeneration]:
+    """Each turn's settings, from `{turn: (generation_kwargs, regex)}`.
+
+    `GRPOTrainer.__init__` must have run with `args.generation_kwargs=None` (see `without_generation_kwargs`): the
+    transformers generate kwargs it keeps are then TRL's defaults alone, onto which each turn's own kwargs go.
+    """
+    settings = {}
+    for name, (kwargs, regex) in turns.items():
+        kwargs = dict(kwargs or {})
+        if trainer.use_vllm:
+            settings[name] = TurnGeneration(kwargs, regex)
+        else:
+            merged = {**trainer.generation_kwargs, **kwargs}
+            settings[name] = TurnGeneration(kwargs, regex, GenerationConfig(**merged, disable_compile=True), merged)
+    return settings
+
+
+def without_generation_kwargs(args):
+    """Scope `args.generation_kwargs` to None around `GRPOTrainer.__init__`, which would bake it into every turn."""
+    return scoped_call(args, generation_kwargs=None)
+
+
+def _generation_attributes(trainer, turn: TurnGeneration) -> list[tuple[object, str, object]]:
+    """`(container, key, value)` triples that make the generation backend use `turn`'s settings."""
+    if trainer.use_vllm:
+        vllm = trainer.vllm_generation
+        return [(vllm, "generation_kwargs", turn.kwargs), (vllm, "structured_outputs_regex", turn.regex)]
+    return [(trainer, "generation_config", turn.config), (trainer, "generation_kwargs", turn.config_kwargs)]
+
+
+def use_turn_generation(trainer, turn: TurnGeneration) -> None:
+    """Make `turn` the trainer's standing settings (the turn TRL's own calls generate)."""
+    for obj, key, value in _generation_attributes(trainer, turn):
+        _set(obj, key, value)
 
 
 @contextmanager
 def scoped_call(trainer, mode: str | None = None, prefix: str | None = None, max_new_tokens: int | None = None,
-                **attributes):
-    """Set `attributes` on `trainer` (and, if given, every generation backend's maximum new tokens) for the duration
-    of the block, then restore them. Metrics the block appends to `trainer._metrics[mode]` move under `prefix/`.
+                generation: TurnGeneration | None = None, **attributes):
+    """Set `attributes` on `trainer` (and, if given, the turn's generation settings and every generation backend's
+    maximum new tokens) for the duration of the block, then restore them. Metrics the block appends to
+    `trainer._metrics[mode]` move under `prefix/`.
 
     An attribute the instance did not hold itself (a method, or one shadowed only for the block) is deleted again
     rather than set to the class's value, so a method stays a method and an outer shadow (a test harness) is kept.
     """
     own = {name: name in vars(trainer) for name in attributes}
     saved = {name: vars(trainer)[name] for name in attributes if own[name]}
+    swaps = [] if generation is None else _generation_attributes(trainer, generation)
+    swapped = [(obj, key, _get(obj, key)) for obj, key, _ in swaps]
+    for obj, key, value in swaps:  # before the lengths, which are then set on this turn's settings
+        _set(obj, key, value)
     settings = [] if max_new_tokens is None else generation_length_settings(trainer)
     lengths = [(obj, key, _get(obj, key)) for obj, key in settings]
     before = {key: len(values) for key, values in trainer._metrics[mode].items()} if prefix is not None else {}
@@ -28,6 +84,8 @@ def scoped_call(trainer, mode: str | None = None, prefix: str | None = None, max
         yield
     finally:
         for obj, key, value in lengths:
+            _set(obj, key, value)
+        for obj, key, value in swapped:
             _set(obj, key, value)
         for name in attributes:
             if own[name]:
