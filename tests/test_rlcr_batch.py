@@ -5,6 +5,7 @@ Two prompts, G_a = 2 answers each, G_c = 2 confidences per answer: 4 answer rows
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
@@ -154,6 +155,11 @@ def test_metrics(step):
     assert log["calibration/ece"] == pytest.approx(0.31)
     assert log["calibration/brier"] == pytest.approx((0.01 + 0.16 + 0.64 + 0.0225 + 0.01) / 5)
     assert log["calibration/auroc"] == pytest.approx(5 / 6)
+    assert log["calibration/correlation"] == pytest.approx(np.corrcoef([0.9, 0.6, 0.8, 0.85, 0.1], [1, 1, 0, 1, 0])[0, 1])
+    # siblings per answer: (.9, .6), (.8, -), (-, .85), (.1, -): one answer with two parsed, std 0.15
+    assert log["confidence/sibling_std"] == pytest.approx(0.15)
+    assert log["confidence/answer_std"] == pytest.approx(np.std([0.75, 0.8, 0.85, 0.1]))
+    assert log["answer/confidence_leak_rate"] == 0.0
     assert log["confidence/brier_reward_mean"] == pytest.approx((0.99 + 0.84 + 0.36 + 0 + 0 + 0.9775 + 0.99 + 0) / 8)
     assert log["frac_reward_zero_std"] == 0.0 and log["confidence/frac_reward_zero_std"] == 0.0
     assert log["completions/mean_length"] > 0 and log["confidence/completions/mean_length"] > 0

@@ -37,7 +37,7 @@ class GenerationCall:
     """What the script returned, as token ids."""
 
 
-Script = Callable[[str, int], "str | list[int]"]
+Script = Callable[[str, int], "str | list[int] | None"]
 
 
 def tool_call_text(name: str, **arguments) -> str:
@@ -51,7 +51,8 @@ class ScriptedGeneration:
     `prompt_text` is the prompt decoded with special tokens kept (the chat template is visible); `sample_index` is the
     row's index inside its group of `num_generations` in the gathered (all-process) batch, so multi-process runs script
     the same group the same way. A returned string is tokenised and gets the end-of-sequence token appended (a
-    finished completion); a returned list of token ids is used verbatim (e.g. a truncated completion without EOS).
+    finished completion); a returned list of token ids is used verbatim (e.g. a truncated completion without EOS);
+    `None` (for every row of a call) lets the model sample that call, e.g. to script one turn and learn the other.
     Completions come back without sampling log-probs, like TRL's transformers generation path.
     """
 
@@ -66,9 +67,17 @@ class ScriptedGeneration:
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         offset = self.trainer.accelerator.process_index * len(prompt_ids)  # rows of lower ranks come first
+        outputs = [self.script(self.tokenizer.decode(ids), (offset + i) % num_generations)
+                   for i, ids in enumerate(prompt_ids)]
+        if outputs and all(out is None for out in outputs):
+            # the script hands this call to the model: the trainer's own generation path samples it
+            return type(self.trainer)._generate_single_turn(
+                self.trainer, prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        if any(out is None for out in outputs):
+            raise ValueError("A script returns None for every row of a generation call or for none of them.")
         completion_ids = []
-        for i, ids in enumerate(prompt_ids):
-            out = self.script(self.tokenizer.decode(ids), (offset + i) % num_generations)
+        for out in outputs:
             if isinstance(out, str):
                 out = self.tokenizer.encode(out, add_special_tokens=False) + [self.tokenizer.eos_token_id]
             completion_ids.append([int(t) for t in out])

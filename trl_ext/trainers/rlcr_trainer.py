@@ -30,6 +30,7 @@ from trl.data_utils import is_conversational
 from ..calibration import calibration_report
 from ..core.advantages import group_advantages
 from ..core.batch import concat_row_batches, group_rows, merge_rows, trim_padding
+from ..core.confidence_diagnostics import confidence_correctness_correlation, confidence_leak, confidence_spread
 from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attention_mask, tree_mask_unsupported
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
@@ -334,7 +335,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
-        self._log_turns(mode, rewards, brier, answer_closed, confidence_ids, g_c)
+        self._log_turns(mode, rewards, brier, answer_ids, answer_closed, confidence_ids, g_c)
         return batch
 
     def _log_histograms(self, mode, values):
@@ -362,7 +363,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             closed.append(row_closed)
         return mask, closed
 
-    def _log_turns(self, mode, answer_rewards, brier, answer_closed, confidence_ids, g_c):
+    def _log_turns(self, mode, answer_rewards, brier, answer_ids, answer_closed, confidence_ids, g_c):
         """The RLCR metrics (README, RLCRMultiTurnTrainer) over the gathered batch; the parsed confidence joins TRL's completions table."""
         device = self.accelerator.device
         args = self.args
@@ -372,6 +373,10 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         local_conf = torch.tensor([math.nan if c is None else c for c in stated], dtype=torch.float64, device=device)
         conf = self.accelerator.gather(local_conf).cpu()
         format_ok = self.accelerator.gather(torch.tensor(answer_closed, dtype=torch.float32, device=device)).cpu()
+        tags = (args.confidence_tag, args.analysis_tag)
+        answer_texts = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
+        leaks = [confidence_leak(text, tags) for text in answer_texts]
+        leaked = self.accelerator.gather(torch.tensor(leaks, dtype=torch.float32, device=device)).cpu()
 
         # NaN rewards are "not applicable" (no gold answer): left out of every mean, as TRL's own reward metrics do.
         accuracy = answer_rewards[:, 0].cpu()
@@ -390,6 +395,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             m["answer/reward_mean"].append(answer_reward.mean().item())
             m["answer/reward_std"].append(answer_reward.std().item() if answer_reward.numel() > 1 else 0.0)
         m["answer/format_fail_rate"].append(1.0 - format_ok.mean().item())
+        m["answer/confidence_leak_rate"].append(leaked.mean().item())
         if brier.numel():
             m["confidence/brier_reward_mean"].append(brier.mean().item())
             m["confidence/brier_reward_std"].append(brier.std().item() if brier.numel() > 1 else 0.0)
@@ -401,6 +407,15 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             m["calibration/brier"].append(report.brier)
             if report.auroc is not None:  # undefined when all answers are right, or all wrong
                 m["calibration/auroc"].append(report.auroc)
+        # Collapse vs learning: no spread among siblings means no Brier difference to learn from; none across
+        # answers means no discrimination; the correlation says whether confidence follows correctness.
+        within, across = confidence_spread(conf, g_c)
+        if within is not None:
+            m["confidence/sibling_std"].append(within)
+        if across is not None:
+            m["confidence/answer_std"].append(across)
+        if (correlation := confidence_correctness_correlation(conf, labels)) is not None:
+            m["calibration/correlation"].append(correlation)
 
         self._log_histograms(mode, {
             "confidence/stated": conf[parsed],
