@@ -5,7 +5,8 @@ per-step loss and gradient norm of the two-process runs must match the one-proce
 The two ranks train different rows, so a missing gradient synchronisation shows: the `nosync` runs, with the
 gradient reduce-scatter switched off, must not match.
 
-RLCR runs with `share_prefix=False` (one loss forward per row kind) and rank 0 gets a micro-batch of confidence rows
+RLCR runs with `share_prefix=True` (the default: one packed loss forward) and with `share_prefix=False` (one loss
+forward per row kind); with the latter rank 0 gets a micro-batch of confidence rows
 only while rank 1's micro-batches hold both kinds: before every process made the same forwards, this hung under DDP,
 ZeRO-3 and FSDP2, which the launch's timeout turns into a failure.
 """
@@ -19,7 +20,7 @@ from trl_ext.testing import run_torchrun
 
 pytest.importorskip("deepspeed")
 SCRIPT = Path(__file__).parent / "scripts" / "sharded_steps.py"
-TRAINERS = ("rlcr", "replay", "absolute_zero")
+TRAINERS = ("rlcr", "rlcr_packed", "replay", "absolute_zero")  # rlcr: share_prefix=False; rlcr_packed: the default
 BACKENDS = ("zero3", "fsdp2")
 ENGINES = {"plain": "DistributedDataParallel", "zero3": "DeepSpeedEngine", "fsdp2": "FSDP2"}
 # DDP first, ZeRO-3 last: DeepSpeed's configuration outlives its trainer in the process (a later plain run would be

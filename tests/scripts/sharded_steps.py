@@ -1,7 +1,7 @@
 """Runs under torchrun: a few scripted training steps of each trainer under each backend, one after another.
 
-Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync]` with TRAINER one of rlcr, replay,
-absolute_zero and BACKEND one of plain (one process, or DDP with several), zero3 (DeepSpeed ZeRO-3, the model loaded
+Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync]` with TRAINER one of rlcr
+(`share_prefix=False`), rlcr_packed (the default `share_prefix=True`), replay, absolute_zero and BACKEND one of plain (one process, or DDP with several), zero3 (DeepSpeed ZeRO-3, the model loaded
 from a path into partitioned parameters: `zero3_init_flag`), fsdp2 (FSDP2 with `cpu_ram_efficient_loading`: rank 0
 loads the weights and broadcasts them). `nosync` switches off the gradient reduce-scatter of zero3 and fsdp2 (each
 rank keeps its own gradient shard): a negative control, the figures must move.
@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 from contextlib import ExitStack
+from functools import partial
 from unittest import mock
 
 import torch
@@ -52,14 +53,14 @@ def rlcr_script(prompt_text, k):
     return f"<think>t</think><answer>{right if k % 2 == 0 else 0}</answer>" + " x" * k
 
 
-def rlcr_trainer(output_dir, model, **backend):
+def rlcr_trainer(output_dir, model, share_prefix=False, **backend):
     # 2 prompts x G_a = 2 answers x (1 + G_c = 2) rows per generation batch, 2 micro-batches per process
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"},
                                  {"prompt": [{"role": "user", "content": "What is 4+4?"}], "solution": "8"}] * 2)
     args = cpu_test_args(output_dir, RLCRMultiTurnConfig, max_steps=2, per_device_train_batch_size=2 // WORLD,
                          gradient_accumulation_steps=2, num_generations=2, num_generations_confidence=2,
                          confidence_prompt=CONFIDENCE_PROMPT, learning_rate=1e-2, max_completion_length=16,
-                         max_confidence_length=8, shuffle_dataset=False, share_prefix=False, **backend)
+                         max_confidence_length=8, shuffle_dataset=False, share_prefix=share_prefix, **backend)
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
     return trainer, ScriptedGeneration(trainer, rlcr_script)
 
@@ -133,7 +134,8 @@ def no_gradient_sync(backend):
 def run(config, path):
     name, backend, *flags = config.split(":")
     output_dir = tempfile.mkdtemp()
-    build = {"rlcr": rlcr_trainer, "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]
+    build = {"rlcr": rlcr_trainer, "rlcr_packed": partial(rlcr_trainer, share_prefix=True),
+             "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]
     rows, kinds = hashlib.sha256(), []
     with ExitStack() as stack:
         if backend == "fsdp2":  # as `accelerate launch` sets it: transformers loads the weights on rank 0 only
