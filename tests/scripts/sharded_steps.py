@@ -1,17 +1,19 @@
 """Runs under torchrun: a few scripted training steps of each trainer under each backend, one after another.
 
-Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync]` with TRAINER one of rlcr
-(`share_prefix=False`), rlcr_packed (the default `share_prefix=True`), replay, absolute_zero and BACKEND one of plain (one process, or DDP with several), zero3 (DeepSpeed ZeRO-3, the model loaded
-from a path into partitioned parameters: `zero3_init_flag`), fsdp2 (FSDP2 with `cpu_ram_efficient_loading`: rank 0
-loads the weights and broadcasts them). `nosync` switches off the gradient reduce-scatter of zero3 and fsdp2 (each
-rank keeps its own gradient shard): a negative control, the figures must move.
+Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync]`.
+- TRAINER: rlcr (`share_prefix=False`), rlcr_packed (the default `share_prefix=True`), replay, absolute_zero.
+- BACKEND: plain (one process, or DDP with several), zero3 (DeepSpeed ZeRO-3, the model loaded from a path into
+  partitioned parameters: `zero3_init_flag`), fsdp2 (FSDP2 with `cpu_ram_efficient_loading`: rank 0's weights are
+  broadcast as FSDP wraps the model; the other ranks' are perturbed first, so they must not matter).
+- nosync: switches off the gradient reduce-scatter of zero3 and fsdp2 (each rank keeps its own gradient shard), a
+  negative control: the figures must move.
 
 Every configuration has the same global batch whatever the number of processes: `per_device_train_batch_size` is
 the global figure divided by the number of processes, so one process and two make the same steps. Each rank holds
 other rows, and the ranks cut their rows into micro-batches differently (rank 0 keeps TRL's generation order, rank 1
 regroups or reverses it): with RLCR and `share_prefix=False`, rank 0's second micro-batch holds confidence rows only,
-while rank 1's hold both row kinds. Reports, per configuration, the per-step loss and gradient norm, and a digest of
-the rows this rank trained.
+while rank 1's hold both row kinds. Reports, per configuration, the per-step loss and gradient norm, how the weights
+were loaded, the row kinds of each RLCR micro-batch and a digest of the rows this rank trained.
 """
 
 import hashlib
@@ -26,6 +28,7 @@ import torch
 import trl.trainer.grpo_trainer as grpo_module
 from absolute_zero_ranks import Policy
 from datasets import Dataset
+from safetensors.torch import load_file
 from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
 
@@ -146,6 +149,24 @@ def run(config, path):
             stack.enter_context(no_gradient_sync(backend))
         stack.enter_context(mock.patch.object(grpo_module, "shuffle_sequence_dict", ordered_shuffle))
         trainer, generation = build(output_dir, path, **backend_args(backend))
+        # before training wraps it: FSDP's cpu_ram_efficient_loading leaves ranks other than 0 on the meta device,
+        # ZeRO-3's zero.Init partitions the parameters as they load (an empty local tensor, the shape in ds_shape)
+        first = next(trainer.model.parameters())
+        if first.numel() == 0 and hasattr(first, "ds_shape"):
+            loaded = "partitioned"
+        elif first.device.type == "meta":
+            loaded = "meta"
+        else:  # the checkpoint's values, or placeholders to be overwritten by rank 0's
+            saved = load_file(os.path.join(path, "model.safetensors"))
+            state = trainer.model.state_dict()
+            assert set(saved) <= set(state), sorted(set(saved) - set(state))
+            loaded = "checkpoint" if all(torch.equal(state[k], saved[k]) for k in saved) else "other"
+        if backend == "fsdp2" and RANK != 0:
+            # cpu_ram_efficient_loading: rank 0's weights are broadcast when FSDP wraps the model (transformers 5
+            # loads the checkpoint on every rank all the same): what the other ranks hold must not matter
+            with torch.no_grad():
+                for parameter in trainer.model.parameters():
+                    parameter.add_(1.0)
         original = trainer._compute_loss
 
         def compute_loss(model, inputs):
@@ -161,7 +182,7 @@ def run(config, path):
     engine = type(trainer.model_wrapped).__name__
     if trainer.is_fsdp_enabled:
         engine = "FSDP2" if trainer.accelerator.is_fsdp2 else "FSDP1"
-    return {"engine": engine, "world_size": trainer.accelerator.num_processes, "rows": rows.hexdigest(),
+    return {"engine": engine, "world_size": trainer.accelerator.num_processes, "loaded": loaded, "rows": rows.hexdigest(),
             "kinds": kinds,
             **{key: [log[key] for log in logs] for key in ("loss", "grad_norm")}}
 
