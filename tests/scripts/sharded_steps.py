@@ -28,9 +28,9 @@ import torch
 import trl.trainer.grpo_trainer as grpo_module
 from absolute_zero_ranks import Policy
 from datasets import Dataset
-from safetensors.torch import load_file
 from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
+from safetensors.torch import load_file
 
 from trl_ext.tasks import arithmetic_task
 from trl_ext.testing import (
