@@ -36,6 +36,7 @@ from trl_ext.recipe import (
     FormatWarmupArguments,
     RecipeScriptArguments,
     load_recipe_dataset,
+    parameters_sharded,
     plot_learning_curves,
     resolve_model,
     run_recipe,
@@ -307,9 +308,8 @@ def main(script_args, training_args, model_args):
         environment_factory=task.environment_factory,
         task_state=task.state,
     )
-    # Greedy evaluation runs on the main process; under ZeRO-3 the other ranks hold shards it would need.
-    zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
-    can_evaluate = questions is not None and not zero3
+    # Greedy evaluation runs on the main process; under ZeRO-3 and FSDP the other ranks hold shards it would need.
+    can_evaluate = questions is not None and not parameters_sharded(trainer)
     heldout = {}
     if can_evaluate and trainer.accelerator.is_main_process:
         heldout["before"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "before")

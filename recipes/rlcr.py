@@ -25,6 +25,7 @@ from trl_ext.recipe import (
     FormatWarmupArguments,
     RecipeScriptArguments,
     load_recipe_dataset,
+    parameters_sharded,
     plot_learning_curves,
     resolve_model,
     run_recipe,
@@ -195,9 +196,8 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    # Greedy evaluation runs on the main process; under ZeRO-3 the other ranks hold shards it would need.
-    zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
-    can_evaluate = evaluation is not None and not zero3
+    # Greedy evaluation runs on the main process; under ZeRO-3 and FSDP the other ranks hold shards it would need.
+    can_evaluate = evaluation is not None and not parameters_sharded(trainer)
     if can_evaluate and trainer.accelerator.is_main_process:
         clock = time.monotonic()
         if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence

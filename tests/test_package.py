@@ -93,3 +93,17 @@ def test_every_public_name_resolves():
     assert trl_ext.make_accuracy_reward is make_accuracy_reward and trl_ext.arithmetic_task is arithmetic_task
     with pytest.raises(AttributeError, match="no attribute 'RLCRTrainer'"):
         trl_ext.RLCRTrainer  # noqa: B018
+
+
+def test_the_vllm_extra_allows_only_what_trl_supports():
+    """TRL 1.16 warns outside its own `vllm` extra's range (0.22.0 to 0.31.0): ours allows no more, and no less."""
+    import configparser
+    from pathlib import Path
+
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).parent.parent / "setup.cfg")
+    (ours,) = [Requirement(line) for line in setup["options.extras_require"]["vllm"].splitlines() if line.strip()]
+    (theirs,) = [Requirement(r) for r in importlib.metadata.requires("trl")
+                 if Requirement(r).name == "vllm" and 'extra == "vllm"' in str(Requirement(r).marker)]
+    assert ours.specifier == theirs.specifier
+    assert "0.31.0" in ours.specifier and "0.31.1" not in ours.specifier and "0.21.9" not in ours.specifier

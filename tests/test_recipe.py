@@ -13,6 +13,7 @@ from trl_ext.data import graded_arithmetic
 from trl_ext.recipe import (
     RecipeScriptArguments,
     load_recipe_dataset,
+    parameters_sharded,
     plot_learning_curves,
     with_default_config,
     write_json,
@@ -197,3 +198,16 @@ def test_rlcr_recipe_with_a_format_warmup(tmp_path):
     assert "reliability_before_after.png: reliability diagrams before and after RL" in proc.stdout
     card = (out / "README.md").read_text()
     assert f"the local checkpoint `{warmup['model']}`" in card  # the tiny base has no Hub name
+
+
+def test_main_process_evaluation_is_skipped_when_parameters_are_sharded():
+    """A forward on the main process alone would wait for ever in ZeRO-3's or FSDP's parameter gathers."""
+    from types import SimpleNamespace
+
+    def trainer(fsdp=False, stage=None):
+        plugin = SimpleNamespace(zero_stage=stage)
+        return SimpleNamespace(is_fsdp_enabled=fsdp, is_deepspeed_enabled=stage is not None,
+                               accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)))
+
+    assert parameters_sharded(trainer(fsdp=True)) and parameters_sharded(trainer(stage=3))
+    assert not parameters_sharded(trainer()) and not parameters_sharded(trainer(stage=2))

@@ -110,6 +110,52 @@ def test_vllm_server_mode_generates_only_fresh_rows(tmp_path):
     assert all(math.isfinite(float(h["loss"])) for h in trainer.state.log_history if "loss" in h)
 
 
+class SkewedSampler(LoopbackVLLMServer):
+    """Reports log-probs 5 nats per token below its model's for completions with a "!": TRL's sampler/trainer
+    ratio of those rows leaves its bounds."""
+
+    def _logprobs(self, prompt_ids, completion_ids, temperature):
+        logps = super()._logprobs(prompt_ids, completion_ids, temperature)
+        return [lp - 5.0 for lp in logps] if "!" in self.tokenizer.decode(completion_ids) else logps
+
+
+def test_vllm_rows_the_sampler_correction_masks_are_not_replayed(tmp_path):
+    """TRL's `sequence_mask` correction (the default) zeroes the "ok!" rows: successes that train at weight 0. They
+    are not stored (a replayed row trains at full weight, ratio 1); the "ok" successes are. The logged sampler ratio
+    covers the fresh rows only: in replay batches every fresh row is an "ok!" (one sample per request), so 0."""
+    model, tokenizer = tiny_causal_lm(seed=1)
+    offered = []
+
+    def ok(completions, **kwargs):
+        return [float(c[0]["content"].startswith("ok")) for c in completions]
+
+    script = lambda text, j: ["ok!", "ok", "no", "no"][j]  # noqa: E731
+    with SkewedSampler(model, tokenizer, script=script) as server, vllm_server_mode(server):
+        args = args_for(tmp_path, max_steps=3, use_vllm=True, vllm_mode="server",
+                        vllm_server_base_url=server.base_url, per_device_train_batch_size=8)
+        trainer = ReplayGRPOTrainer(model=model, reward_funcs=ok, args=args, train_dataset=dataset(),
+                                    processing_class=tokenizer)
+        update = trainer.experience.update
+        trainer.experience.update = lambda outcomes, step: (
+            offered.extend(tokenizer.decode(t.completion_ids) for o in outcomes for t in o.candidates),
+            update(outcomes, step))[1]
+        with BatchRecorder(trainer) as rec:
+            trainer.train()
+    assert offered and all(text.startswith("ok") and "!" not in text for text in offered)
+    replayed = ["exp_mask" in batch for batch in rec.batches]
+    assert replayed[0] is False and any(replayed)
+    for batch, log in zip(rec.batches, [h for h in trainer.state.log_history if "loss" in h], strict=True):
+        ratio = batch["importance_sampling_ratio"].flatten()
+        assert (ratio == 0).any()  # the "ok!" rows were masked
+        if "exp_mask" in batch:
+            stored = batch["exp_mask"].any(-1)
+            assert torch.all(ratio[stored] == 1.0) and torch.all(ratio[~stored] == 0.0)
+            for name in ("min", "mean", "max"):
+                assert log[f"sampling/importance_sampling_ratio/{name}"] == 0.0, name
+        else:
+            assert log["sampling/importance_sampling_ratio/max"] > 0.5  # the fresh "ok" and "no" rows
+
+
 def test_with_trl_old_log_probs_collection_reuses_them(tmp_path):
     # num_iterations=2: TRL computes old log-probs itself; collection reuses that forward (entropy switched on) and
     # on-policy rows keep TRL's values next to the recorded ones.

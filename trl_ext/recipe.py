@@ -398,6 +398,17 @@ def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None
 FINAL_STAGING = ".final-model.tmp"
 
 
+def parameters_sharded(trainer) -> bool:
+    """Whether the model's parameters are sharded across processes (DeepSpeed ZeRO-3, FSDP): then a forward pass or
+    a generation on the main process alone waits for ever in the parameter gathers the other processes never join,
+    so the recipes skip their main-process evaluation (docs/design.md#multi-process-invariants)."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return True
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
+    return False
+
+
 def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
     """Save the trained model (and tokenizer) into `output_dir` atomically: written aside into
     `output_dir/.final-model.tmp` by `trainer.save_model`, then each file renamed into place, `config.json` last, so

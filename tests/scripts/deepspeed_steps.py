@@ -1,6 +1,7 @@
 """Runs under torchrun (one process): a few scripted steps of a trainer, with or without DeepSpeed ZeRO.
 
-Usage: deepspeed_steps.py {rlcr,replay,absolute_zero} STAGE, with STAGE 0 for no DeepSpeed. Reports the per-step loss, entropy and
+Usage: deepspeed_steps.py TRAINER:STAGE [...], TRAINER one of rlcr, replay, absolute_zero and STAGE 0 for no DeepSpeed;
+the configurations run one after another in one launch. Reports, per configuration, the per-step loss, entropy and
 gradient norm, which depend on the weights each step starts from, so equal reports mean equal updates.
 
 DeepSpeed runs on CPU with the gloo backend, but accelerate sees one process per DeepSpeed run on CPU, so this
@@ -67,8 +68,7 @@ def absolute_zero_trainer(output_dir, **deepspeed):
     return trainer, generation
 
 
-def main():
-    name, stage = sys.argv[1], int(sys.argv[2])
+def run(name, stage):
     deepspeed = {}
     if stage:
         config = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
@@ -79,12 +79,21 @@ def main():
     with generation:
         trainer.train()
     logs = [log for log in trainer.state.log_history if "loss" in log]
-    write_rank_result({
+    return {
         "engine": type(trainer.model_wrapped).__name__,
         "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if stage else 0,
         **{key: [log[key] for log in logs] for key in ("loss", "entropy", "grad_norm")},
         "replayed": [log.get("replay/offpolicy_token_ratio", 0.0) for log in logs],
-    })
+    }
+
+
+def main():
+    # DeepSpeed's configuration outlives its trainer in the process: list the stage-0 runs first
+    results = {}
+    for config in sys.argv[1:]:
+        name, stage = config.split(":")
+        results[config] = run(name, int(stage))
+    write_rank_result(results)
 
 
 if __name__ == "__main__":

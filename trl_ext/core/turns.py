@@ -114,8 +114,9 @@ def _diff_turns(tokenizer, user_message, eos_token_ids, chat_template, chat_temp
         raise ValueError(
             "The chat template closes an assistant turn without an end-of-sequence token "
             f"(eos ids {sorted(eos)}), so a follow-up turn cannot be built on token ids. Set the tokenizer's "
-            "eos_token (or GRPOConfig.generation_kwargs['eos_token_id']) to the template's end-of-turn token; if it "
-            "writes none after an assistant message (GLM-4.5: the next role tag ends the turn), set "
+            "eos_token, or add the template's end-of-turn token to the model's `generation_config.eos_token_id` "
+            "(GRPOTrainer takes its EOS ids from both; `GRPOConfig.generation_kwargs` does not set them); if the "
+            "template writes none after an assistant message (GLM-4.5: the next role tag ends the turn), set "
             "`tokenizer.chat_template` to a version that does."
         )
     cut = eos_positions[-1] + 1

@@ -5,6 +5,8 @@ picks up its environment (RANK, WORLD_SIZE, ...) and the gloo backend on its own
 
 In the script:   write_rank_result({"weights_sha": ..., "metrics": ...})
 In the test:     results = run_torchrun("tests/scripts/train_two_steps.py", nproc=2)
+
+DeepSpeed and FSDP across CPU processes need [`gloo_sharded_training`] in the script (test-only).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -92,6 +95,39 @@ def run_torchrun(
                 raise RuntimeError(f"rank {rank} wrote no result (call write_rank_result):\n{output}")
             results.append(json.loads(path.read_text()))
         return results
+
+
+@contextmanager
+def gloo_sharded_training():
+    """Test-only: let DeepSpeed and FSDP run across the CPU processes of `torchrun`, over gloo.
+
+    Without CUDA, accelerate gives a run that is not `use_cpu` no backend: it counts one process (DeepSpeed then fails
+    its `train_batch_size` check) and never switches to FSDP ("Using fsdp only works in distributed training"). Inside
+    this context, such a run under torchrun gets the gloo backend and the distributed type of a multi-GPU run (which
+    DeepSpeed and FSDP replace) on the CPU device. Enter it before building the `TrainingArguments`.
+    """
+    import torch
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    original = PartialState._prepare_backend
+
+    def prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        if int(os.environ.get("LOCAL_RANK", -1)) != -1 and not cpu and not torch.cuda.is_available():
+            return "gloo", DistributedType.MULTI_GPU
+        return original(self, cpu, sagemaker_dp, backend)
+
+    device = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    PartialState._prepare_backend = prepare_backend
+    os.environ["ACCELERATE_TORCH_DEVICE"] = "cpu"
+    try:
+        yield
+    finally:
+        PartialState._prepare_backend = original
+        if device is None:
+            os.environ.pop("ACCELERATE_TORCH_DEVICE", None)
+        else:
+            os.environ["ACCELERATE_TORCH_DEVICE"] = device
 
 
 def weights_digest(model) -> str:

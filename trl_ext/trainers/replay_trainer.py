@@ -31,6 +31,7 @@ from itertools import zip_longest
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
 from ..core.experience import (
     ExperienceManager,
@@ -330,6 +331,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
             output["replay_collect"] = rows
 
         if plan.has_replay:
+            self._log_fresh_sampling_ratio(plan, output)
             self._add_replay_keys(output, plan)
         if args.replay_start_solve_rate is not None and solve_rate > args.replay_start_solve_rate:
             self.replay_active = True
@@ -438,6 +440,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
         length = int(output["completion_mask"][i].sum().item())
         if length == 0:  # masked out (e.g. truncated with mask_truncated_completions): nothing to replay
             return None
+        if self._sampler_masked(output, i):  # trains at weight 0 now: not a trajectory to replay at full weight
+            return None
         rewards = self._last_rewards_per_func[plan.offset + i]
         tools = "tool_mask" in output and self._last_episodes is not None
         return CollectedRow(
@@ -452,6 +456,44 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
             completion=self._last_episodes[i] if tools else None,
             env_rewards={self.reward_func_names[c]: float(rewards[c]) for c in self._env_reward_columns} or None,
         )
+
+    @staticmethod
+    def _sampler_masked(output, i: int) -> bool:
+        """Whether TRL's vLLM importance-sampling correction zeroed row `i`: its whole sequence (`sequence_mask`, the
+        default) or any of its model tokens (`token_mask`), the sampler/trainer ratio being out of its bounds."""
+        ratio = output.get("importance_sampling_ratio")
+        if ratio is None:
+            return False
+        row = ratio[i]
+        if row.numel() == 1:
+            return bool(row.item() == 0)
+        mask = output["completion_mask"][i].bool()
+        if "tool_mask" in output:
+            mask &= output["tool_mask"][i].bool()
+        return bool((row[mask] == 0).any())
+
+    def _log_fresh_sampling_ratio(self, plan: ReplayPlan, output) -> None:
+        """Keep TRL's `sampling/importance_sampling_ratio/*` to the fresh rows (same aggregation: min, mean of the
+        per-process means, max). A replayed row has no sampler log-probs: TRL gives it ratio 1, which measures
+        nothing and would pull the figures towards 1. A collective: `plan` is the same on every process."""
+        ratio = output.get("importance_sampling_ratio")
+        if ratio is None:
+            return
+        fresh = torch.tensor([s is None for s in plan.stored], device=ratio.device)
+        mask = output["completion_mask"].bool()
+        if "tool_mask" in output:
+            mask &= output["tool_mask"].bool()
+        values = ratio[fresh].flatten() if ratio.size(1) == 1 else ratio[fresh][mask[fresh]]
+        if values.numel():
+            local = torch.stack([values.min(), values.mean(), values.max()]).float()
+        else:
+            local = torch.full((3,), math.nan, device=ratio.device)
+        gathered = self.accelerator.gather(local.unsqueeze(0)).view(-1, 3)
+        metrics = self._metrics["train"]
+        for column, (name, reduce) in enumerate((("min", nanmin), ("mean", torch.nanmean), ("max", nanmax))):
+            key = f"sampling/importance_sampling_ratio/{name}"
+            if metrics.get(key):  # TRL's value of this batch, over every row
+                metrics[key][-1] = reduce(gathered[:, column]).item()
 
     def _collect(self, pending: PendingCollection) -> None:
         """Gather the stored rows of every process and update the buffer, identically everywhere."""

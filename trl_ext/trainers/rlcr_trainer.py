@@ -204,6 +204,9 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
         row of the type uses. The model sees positions 0..L-1 whatever the padding (as in TRL's own batches), so
         with rotary embeddings a row's log-probs do not depend on how much padding precedes it.
+
+        With several processes, both row types get their forward even when the micro-batch lacks one (see
+        `_forward_row_kinds`).
         """
         types = self._row_types
         multimodal = any(value is not None for value in kwargs.values())
@@ -211,21 +214,45 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             return self._packed_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        if types is None or compute_aux_loss or multimodal or types.unique().numel() < 2:
+        kinds = None if types is None else self._forward_row_kinds(types)
+        if types is None or compute_aux_loss or multimodal or len(kinds) < 2:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **kwargs,
             )
-        parts, order = [], []
-        for kind in types.unique().tolist():
+        parts, order, stand_ins = [], [], []
+        for kind in kinds:
             rows = torch.nonzero(types == kind).flatten()
+            if rows.numel() == 0:
+                stand_ins.append(self._stand_in_forward(model, input_ids))
+                continue
             ids, mask, keep = trim_padding(input_ids[rows], attention_mask[rows], logits_to_keep)
             logps, entropies, _ = super()._get_per_token_logps_and_entropies(
                 model, ids, mask, keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
             )
             parts.append((logps, entropies))
             order.append(rows)
-        return (*merge_rows(parts, order, logits_to_keep), None)
+        logps, entropies = merge_rows(parts, order, logits_to_keep)
+        for zero in stand_ins:
+            logps = logps + zero  # exactly 0: the stand-in joins the graph, so its backward runs too
+        return logps, entropies, None
+
+    def _forward_row_kinds(self, types):
+        """The row kinds the loss forward scores one forward each: every kind with several processes.
+
+        Each forward (and its backward) is a collective under DDP (buffer broadcast), ZeRO-3 and FSDP (parameter
+        gathers), so the number of forwards may not depend on which rows a process holds
+        (docs/design.md#multi-process-invariants). One process scores only the kinds its micro-batch holds.
+        """
+        if self.accelerator.num_processes > 1:
+            return [ANSWER, CONFIDENCE]
+        return types.unique().tolist()
+
+    def _stand_in_forward(self, model, input_ids):
+        """Forward one short row for a kind this process lacks; returns a zero joined to its graph."""
+        ids = input_ids[:1, -2:]
+        logps, _, _ = super()._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), 1)
+        return (logps.sum() * 0.0).nan_to_num(0.0)
 
     def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
         """Score `self._row_families` packed, `batch_size` rows at a time in whole families (TRL's chunking)."""
