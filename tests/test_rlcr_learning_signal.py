@@ -59,7 +59,8 @@ def test_multi_turn_learns_confidence_from_the_answer(tmp_path, share_prefix):
     args = cpu_test_args(
         tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=8, num_generations=2, num_generations_confidence=4,
         max_completion_length=24, max_confidence_length=1, confidence_prompt=CONFIDENCE_PROMPT, lenient_parsing=True,
-        share_prefix=share_prefix, generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)}, **SETTINGS,
+        share_prefix=share_prefix, confidence_generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)},
+        **SETTINGS,
     )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}], "solution": "0"}] * 64)
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
