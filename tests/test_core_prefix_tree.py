@@ -127,8 +127,10 @@ def test_packed_forward_equals_row_by_row_forward(implementation):
     packed_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     (reference.log_probs[:, -width:] * mask[:, -width:]).sum().backward()
+    # rtol 1e-3: the two backward passes sum the tied embedding's gradient (values near 1 on this sharp model) over
+    # positions in different orders, a few 1e-4 apart in float32
     for a, b in zip(packed_grads, [p.grad for p in model.parameters()], strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
 def test_which_models_take_a_tree_mask():
