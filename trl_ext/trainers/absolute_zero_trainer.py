@@ -53,7 +53,7 @@ from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .dataset_checks import check_not_empty
 from .model_card import ModelCardMixin
-from .scoping import scoped_call, turn_generations, use_turn_generation, without_generation_kwargs
+from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
 
@@ -176,7 +176,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             )
         for split in ("train_dataset", "eval_dataset"):
             _check_dataset(kwargs.get(split), split)
-        with without_generation_kwargs(args):  # they are the solver's: applied per role below
+        with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per role below
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
         self._generation = turn_generations(self, {
             "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),

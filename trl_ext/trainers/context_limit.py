@@ -46,8 +46,8 @@ class VLLMContextLimit:
         if context is None:
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                  has_tool_images)
-        vllm = self.vllm_generation
-        max_tokens = vllm.generation_kwargs.get("max_tokens", vllm.max_completion_length)
+        # the turn's length (the configs refuse `max_tokens` in generation kwargs)
+        max_tokens = self.vllm_generation.max_completion_length
         if max_tokens + 1 > context:
             raise ValueError(
                 f"This turn generates up to {max_tokens} tokens, which leaves no room for a prompt in vLLM's context "

@@ -467,10 +467,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
         row = ratio[i]
         if row.numel() == 1:
             return bool(row.item() == 0)
-        mask = output["completion_mask"][i].bool()
-        if "tool_mask" in output:
-            mask &= output["tool_mask"][i].bool()
-        return bool((row[mask] == 0).any())
+        return bool((row[_model_tokens(output)[i]] == 0).any())
 
     def _log_fresh_sampling_ratio(self, plan: ReplayPlan, output) -> None:
         """Keep TRL's `sampling/importance_sampling_ratio/*` to the fresh rows (same aggregation: min, mean of the
@@ -480,10 +477,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
         if ratio is None:
             return
         fresh = torch.tensor([s is None for s in plan.stored], device=ratio.device)
-        mask = output["completion_mask"].bool()
-        if "tool_mask" in output:
-            mask &= output["tool_mask"].bool()
-        values = ratio[fresh].flatten() if ratio.size(1) == 1 else ratio[fresh][mask[fresh]]
+        values = ratio[fresh].flatten() if ratio.size(1) == 1 else ratio[fresh][_model_tokens(output)[fresh]]
         if values.numel():
             local = torch.stack([values.min(), values.mean(), values.max()]).float()
         else:
@@ -679,3 +673,9 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
     def load_checkpoint_state(self, state: dict) -> None:
         self.experience.load_state_dict(state["experience"])
         self.replay_active = bool(state["replay_active"])
+
+
+def _model_tokens(output) -> torch.Tensor:
+    """`(N, T)` bool: the completion tokens the model sampled (tool output, which has no sampler ratio, left out)."""
+    mask = output["completion_mask"].bool()
+    return mask & output["tool_mask"].bool() if "tool_mask" in output else mask

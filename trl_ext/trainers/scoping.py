@@ -24,8 +24,9 @@ class TurnGeneration:
 def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) -> dict[str, TurnGeneration]:
     """Each turn's settings, from `{turn: (generation_kwargs, regex)}`.
 
-    `GRPOTrainer.__init__` must have run with `args.generation_kwargs=None` (see `without_generation_kwargs`): the
-    transformers generate kwargs it keeps are then TRL's defaults alone, onto which each turn's own kwargs go.
+    `GRPOTrainer.__init__` must have run with `args.generation_kwargs` scoped to None (it would bake them into every
+    turn): the transformers generate kwargs it keeps are then TRL's defaults alone, onto which each turn's own kwargs
+    go.
     """
     settings = {}
     for name, (kwargs, regex) in turns.items():
@@ -36,11 +37,6 @@ def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) 
             merged = {**trainer.generation_kwargs, **kwargs}
             settings[name] = TurnGeneration(kwargs, regex, GenerationConfig(**merged, disable_compile=True), merged)
     return settings
-
-
-def without_generation_kwargs(args):
-    """Scope `args.generation_kwargs` to None around `GRPOTrainer.__init__`, which would bake it into every turn."""
-    return scoped_call(args, generation_kwargs=None)
 
 
 def _generation_attributes(trainer, turn: TurnGeneration) -> list[tuple[object, str, object]]:
