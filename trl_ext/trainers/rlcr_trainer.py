@@ -325,9 +325,10 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
 
         # Turn 2: for each answer, G_c confidences in one generation call on token-concatenated prompts.
         turn2_inputs, turn2_prompt_ids = [], []
-        for row, p_ids, a_ids, label in zip(inputs, prompt_ids, answer_ids, correct, strict=True):
+        answer_texts = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
+        for row, p_ids, a_ids, answer_text, label in zip(inputs, prompt_ids, answer_ids, answer_texts, correct,
+                                                         strict=True):
             ids = self._turn.prompt_ids(p_ids, a_ids, self.eos_token_ids)
-            answer_text = self.processing_class.decode(a_ids, skip_special_tokens=True)
             conversation = [*row["prompt"], {"role": "assistant", "content": answer_text},
                             {"role": "user", "content": args.confidence_prompt}]
             for _ in range(g_c):
@@ -362,7 +363,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         loss_mask = batch["completion_mask"] * batch["tool_mask"]
         batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
-        self._log_turns(mode, rewards, brier, answer_ids, answer_closed, confidence_ids, g_c)
+        self._log_turns(mode, rewards, brier, answer_texts, answer_closed, confidence_ids, g_c)
         return batch
 
     def _log_histograms(self, mode, values):
@@ -390,7 +391,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             closed.append(row_closed)
         return mask, closed
 
-    def _log_turns(self, mode, answer_rewards, brier, answer_ids, answer_closed, confidence_ids, g_c):
+    def _log_turns(self, mode, answer_rewards, brier, answer_texts, answer_closed, confidence_ids, g_c):
         """The RLCR metrics (README, RLCRMultiTurnTrainer) over the gathered batch; the parsed confidence joins TRL's completions table."""
         device = self.accelerator.device
         args = self.args
@@ -401,7 +402,6 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         conf = self.accelerator.gather(local_conf).cpu()
         format_ok = self.accelerator.gather(torch.tensor(answer_closed, dtype=torch.float32, device=device)).cpu()
         tags = (args.confidence_tag, args.analysis_tag)
-        answer_texts = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
         leaks = [confidence_leak(text, tags) for text in answer_texts]
         leaked = self.accelerator.gather(torch.tensor(leaks, dtype=torch.float32, device=device)).cpu()
 
