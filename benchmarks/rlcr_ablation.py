@@ -1,0 +1,162 @@
+"""RLCR ablation: the main job (`recipes/rlcr.py`, embedded default) with one setting changed per row, each row a
+held-out greedy evaluation before and after RL.
+
+    python benchmarks/rlcr_ablation.py                                # every variant, one at a time (CPU: ~10 min each)
+    python benchmarks/rlcr_ablation.py --parallel 16 --tag h200 -- --use_cpu false   # all at once on one GPU
+    python benchmarks/rlcr_ablation.py --only base,gc4 -- --max_steps 48 --num_eval_samples 100
+
+Arguments after `--` go to every run (they override the recipe's YAML). Results: benchmarks/results/
+rlcr_ablation_<tag>.json (per variant: its flags, before/after accuracy, ECE, Brier, AUROC, mean confidence,
+confidence-bin counts, and the training log) and .png (AUROC after against the accuracy change, the target region
+shaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results"
+METRICS = ("accuracy", "ece", "brier", "auroc", "mean_confidence", "confidence_parse_fail_rate")
+LOGGED = ("step", "kl", "answer/", "calibration/", "confidence/")  # the training-log columns kept per step
+_LORA = ["--use_peft", "true", "--lora_r", "16", "--lora_alpha", "32"]
+VARIANTS = {
+    "base": [],
+    "beta0": ["--beta", "0"],
+    "beta0.1": ["--beta", "0.1"],
+    "beta0.2": ["--beta", "0.2"],
+    "lans0": ["--lambda_ans", "0"],
+    "lans0_beta0.1": ["--lambda_ans", "0", "--beta", "0.1"],
+    "lr5e-5": ["--learning_rate", "5e-5"],
+    "lr5e-5_beta0.1": ["--learning_rate", "5e-5", "--beta", "0.1"],
+    "lora_lr5e-4": [*_LORA, "--learning_rate", "5e-4"],
+    "lora_lr1e-3_beta0": [*_LORA, "--learning_rate", "1e-3", "--beta", "0"],
+    "gc4": ["--num_generations_confidence", "4"],
+    "ga4": ["--num_generations", "4", "--per_device_train_batch_size", "32"],
+    "base_s1": ["--seed", "1"],
+    "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
+    "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],
+}
+
+
+def run_all(names: list[str], extra: list[str], parallel: int, workdir: Path) -> dict:
+    """Run the variants, `parallel` at a time (one CPU thread each when several), and read their metrics.json."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if parallel > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    pending, running, results = list(names), {}, {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            name = pending.pop(0)
+            cmd = [
+                sys.executable,
+                str(ROOT / "recipes" / "rlcr.py"),
+                "--output_dir",
+                str(workdir / name),
+                "--save_strategy",
+                "no",
+                *VARIANTS[name],
+                *extra,
+            ]
+            log = open(workdir / f"{name}.log", "w")
+            running[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            print(f"started {name}: {' '.join(VARIANTS[name] + extra)}", flush=True)
+        for name, proc in list(running.items()):
+            if proc.poll() is not None:
+                del running[name]
+                results[name] = read_run(name, proc.returncode, workdir)
+                print(f"{name}: {summary_line(results[name])}", flush=True)
+        time.sleep(2)
+    return {name: results[name] for name in names}
+
+
+def read_run(name: str, returncode: int, workdir: Path) -> dict:
+    entry = {"flags": VARIANTS[name], "returncode": returncode}
+    metrics = workdir / name / "metrics.json"
+    if not metrics.is_file():
+        entry["log_tail"] = (workdir / f"{name}.log").read_text()[-3000:]
+        return entry
+    report = json.loads(metrics.read_text())
+    for key in ("before", "after"):
+        entry[key] = {k: report[key].get(k) for k in METRICS}
+        entry[key]["bin_counts"] = [b["count"] for b in report[key]["bins"]]
+    entry["seconds"] = report.get("seconds")
+    entry["train_log"] = [
+        {k: v for k, v in row.items() if k.startswith(LOGGED)} for row in report.get("train_log", [])
+    ]
+    return entry
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def summary_line(entry: dict) -> str:
+    if "after" not in entry:
+        return f"failed (exit {entry['returncode']})"
+    b, a = entry["before"], entry["after"]
+    return (
+        f"accuracy {_fmt(b['accuracy'])} -> {_fmt(a['accuracy'])}, ECE {_fmt(b['ece'])} -> {_fmt(a['ece'])}, "
+        f"AUROC {_fmt(b['auroc'])} -> {_fmt(a['auroc'])}, confidence bins {a['bin_counts']}"
+    )
+
+
+def plot(result: dict, path: Path) -> None:
+    """AUROC after RL against the change in accuracy, one labelled point per variant; the target region shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.axhspan(0.65, 1.0, xmin=0, xmax=1, color="tab:green", alpha=0.08)
+    ax.axvline(-0.03, color="tab:green", linestyle="--", linewidth=1)
+    ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+    for name, entry in result["runs"].items():
+        if "after" not in entry or entry["after"]["auroc"] is None:
+            continue
+        x = entry["after"]["accuracy"] - entry["before"]["accuracy"]
+        ax.scatter(x, entry["after"]["auroc"], color="tab:blue")
+        ax.annotate(name, (x, entry["after"]["auroc"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("held-out accuracy after RL - before")
+    ax.set_ylabel("held-out AUROC after RL (0.5: one constant confidence)")
+    ax.set_title(
+        f"RLCR ablation ({result['tag']}): shaded, AUROC >= 0.65; right of the dashed line, accuracy kept", fontsize=9
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated variant names (default: all)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at a time (GPU: as many as fit)")
+    parser.add_argument("--tag", default="cpu", help="results file suffix, e.g. the machine")
+    args = parser.parse_args(own)
+    names = args.only.split(",") if args.only else list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    with tempfile.TemporaryDirectory() as workdir:
+        runs = run_all(names, extra, args.parallel, Path(workdir))
+    result = {"tag": args.tag, "extra_flags": extra, "runs": runs}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"rlcr_ablation_{args.tag}.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS / f"rlcr_ablation_{args.tag}.png")
+    print(f"-> {RESULTS / f'rlcr_ablation_{args.tag}.json'}")
+
+
+if __name__ == "__main__":
+    main()
