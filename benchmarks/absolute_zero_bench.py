@@ -41,8 +41,8 @@ from common import (
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
 from trl_ext.recipe import plot_learning_curves, write_json
-from trl_ext.tasks import arithmetic_task
-from trl_ext.tasks.arithmetic import seed_prompts
+from trl_ext.self_play import arithmetic_task
+from trl_ext.self_play.arithmetic import seed_prompts
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 

@@ -43,16 +43,16 @@ from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import default_model_path
-from trl_ext.calibration import brier_score, calibration_report, expected_calibration_error
 from trl_ext.data import graded_arithmetic
-from trl_ext.greedy import greedy_completions
+from trl_ext.evaluation.calibration import brier_score, calibration_report, expected_calibration_error
+from trl_ext.evaluation.greedy import greedy_completions
+from trl_ext.evaluation.rlcr import evaluate_calibration
+from trl_ext.models.warmup import format_warmup, rlcr_format_examples
 from trl_ext.recipe import write_json
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.rewards.parsing import completion_text
-from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.warmup import format_warmup, rlcr_format_examples
 
 
 RESULTS = Path(__file__).parent / "results"

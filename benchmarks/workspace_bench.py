@@ -43,11 +43,11 @@ from pathlib import Path
 from common import fixed_length, load_model, machine_load, step_times
 from trl import GRPOConfig, GRPOTrainer
 
+from trl_ext.models.chat_template import use_tool_chat_template
 from trl_ext.recipe import plot_learning_curves, write_json
-from trl_ext.tasks import workspace_task
-from trl_ext.tasks.workspace import seed_task_dataset
+from trl_ext.self_play import workspace_task
+from trl_ext.self_play.workspace import seed_task_dataset
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
-from trl_ext.tool_chat_template import use_tool_chat_template
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 

@@ -32,6 +32,9 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from trl import get_peft_config
 
+from trl_ext.evaluation.solver import evaluate_solver, plot_heldout_accuracy
+from trl_ext.models.chat_template import use_tool_chat_template
+from trl_ext.models.workspace_warmup import workspace_format_examples
 from trl_ext.recipe import (
     FormatWarmupArguments,
     RecipeScriptArguments,
@@ -46,11 +49,8 @@ from trl_ext.recipe import (
     write_model_card,
 )
 from trl_ext.rewards import LLMJudge
-from trl_ext.tasks import arithmetic_task, code_reasoning_task, evaluate_solver, workspace_task
-from trl_ext.tasks.evaluation import plot_heldout_accuracy
-from trl_ext.tasks.workspace import render_judge_request
-from trl_ext.tasks.workspace_warmup import workspace_format_examples
-from trl_ext.tool_chat_template import use_tool_chat_template
+from trl_ext.self_play import arithmetic_task, code_reasoning_task, workspace_task
+from trl_ext.self_play.workspace import render_judge_request
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
@@ -116,7 +116,7 @@ class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             Workspace family: generated task configs for a supervised format warm-up before self-play, two examples
             each (proposer: the task config in `<question>` tags; solver: an episode of one tool call, the goal action
             (probability 0.7) or a look drawn independently of safety, and a short answer; see
-            [`~trl_ext.tasks.workspace_warmup`]). Built once per distinct inputs and cached like the embedded
+            [`~trl_ext.models.workspace_warmup`]). Built once per distinct inputs and cached like the embedded
             default. 0 skips it.
     """
 
@@ -352,7 +352,7 @@ def main(script_args, training_args, model_args):
             print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
         print(time_summary(seconds))
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
-    write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.tasks`)",
+    write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.self_play`)",
                      card_results(trainer.state.log_history, task.name, heldout))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from trl import get_peft_config
 
 from trl_ext.data import graded_arithmetic
-from trl_ext.data.arithmetic import ANSWER_FORMAT
+from trl_ext.data.graded_arithmetic import ANSWER_FORMAT
 from trl_ext.recipe import (
     RecipeScriptArguments,
     load_recipe_dataset,

@@ -18,9 +18,11 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import get_peft_config
 
-from trl_ext.calibration import plot_reliability_diagrams, reliability_diagram
 from trl_ext.data import graded_arithmetic
-from trl_ext.data.arithmetic import ANSWER_FORMAT
+from trl_ext.data.graded_arithmetic import ANSWER_FORMAT
+from trl_ext.evaluation.calibration import plot_reliability_diagrams, reliability_diagram
+from trl_ext.evaluation.rlcr import evaluate_calibration
+from trl_ext.models.warmup import rlcr_format_examples
 from trl_ext.recipe import (
     FormatWarmupArguments,
     RecipeScriptArguments,
@@ -35,9 +37,7 @@ from trl_ext.recipe import (
     write_model_card,
 )
 from trl_ext.rewards.functions import is_missing
-from trl_ext.rlcr_evaluation import evaluate_calibration
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.warmup import rlcr_format_examples
 
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
@@ -59,7 +59,7 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             Rows taken off the start of the training set (never trained on by RL) for a short supervised format
             warm-up before RL: TRL's `SFTTrainer` on the answer turn (`<answer>gold</answer>`) and the confidence turn
             after it, with stated confidences drawn at random, independently of the question (see
-            [`~trl_ext.warmup`]), two examples per row. Built once per distinct inputs and cached like the embedded
+            [`~trl_ext.models.warmup`]), two examples per row. Built once per distinct inputs and cached like the embedded
             default. 0 skips it.
     """
 

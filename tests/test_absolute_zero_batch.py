@@ -12,10 +12,10 @@ import torch
 from datasets import Dataset
 
 from trl_ext.rewards import completion_text
-from trl_ext.tasks import arithmetic_task
+from trl_ext.self_play import arithmetic_task
+from trl_ext.self_play.workspace import WORKSPACE_CRITERIA
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
-from trl_ext.trainers.absolute_zero_config import SEED_CRITERIA
 
 
 ANSWERS = {  # question -> response j
@@ -240,7 +240,7 @@ def test_seed_dual_criteria_through_the_trainer(tmp_path):
 
     model, tokenizer = tiny_causal_lm()
     args = cpu_test_args(tmp_path, AbsoluteZeroConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                         num_questions_per_prompt=2, learnability_criteria=SEED_CRITERIA, shuffle_dataset=False,
+                         num_questions_per_prompt=2, learnability_criteria=WORKSPACE_CRITERIA, shuffle_dataset=False,
                          max_completion_length=8, max_question_length=8)
     trainer = AbsoluteZeroTrainer(model, [safety_score, completion_score], args=args, processing_class=tokenizer,
                                   train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Seed"}]}]))

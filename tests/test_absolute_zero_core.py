@@ -17,10 +17,10 @@ from trl_ext.core.learnability import (
     select_question,
 )
 from trl_ext.core.proposer_rewards import padded_rows, proposer_rewards
-from trl_ext.trainers.absolute_zero_config import SEED_CRITERIA
+from trl_ext.self_play.workspace import WORKSPACE_CRITERIA
 
 
-SEED = parse_criteria(SEED_CRITERIA)
+SEED = parse_criteria(WORKSPACE_CRITERIA)
 
 
 def scores(safety, completion):
@@ -80,7 +80,7 @@ def test_selection_is_seeded_uniform_and_learnable_only():
 
 
 def test_parse_criteria_errors_name_the_field():
-    good = dict(SEED_CRITERIA[0])
+    good = dict(WORKSPACE_CRITERIA[0])
     with pytest.raises(ValueError, match=r"learnability_criteria\[0\].*missing keys \['max_ratio'\]"):
         parse_criteria([{k: v for k, v in good.items() if k != "max_ratio"}])
     with pytest.raises(ValueError, match=r"unknown keys \['typo'\]"):

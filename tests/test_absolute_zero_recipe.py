@@ -11,9 +11,10 @@ import pytest
 import yaml
 from datasets import Dataset
 
+from trl_ext.evaluation.solver import evaluate_solver
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
-from trl_ext.tasks import arithmetic_task, evaluate_solver, workspace_task
-from trl_ext.tasks.arithmetic import heldout_questions
+from trl_ext.self_play import arithmetic_task, workspace_task
+from trl_ext.self_play.arithmetic import heldout_questions
 from trl_ext.testing import tiny_checkpoint
 
 

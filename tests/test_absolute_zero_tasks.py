@@ -9,8 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trl_ext.tasks import TaskFamily, arithmetic_task, safe_evaluate, tagged_question_parser, template_solver_prompt
-from trl_ext.tasks.arithmetic import (
+from trl_ext.self_play import (
+    TaskFamily,
+    arithmetic_task,
+    safe_evaluate,
+    tagged_question_parser,
+    template_solver_prompt,
+)
+from trl_ext.self_play.arithmetic import (
     format_number,
     make_answer_format_reward,
     make_numeric_match_reward,

@@ -1,4 +1,4 @@
-"""Tests of trl_ext.calibration: bin convention, hand-computed metrics, report serialisation, plots, validation."""
+"""Tests of trl_ext.evaluation.calibration: bin convention, hand-computed metrics, report serialisation, plots, validation."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from trl_ext.calibration import (
+from trl_ext.evaluation.calibration import (
     NUM_BINS,
     CalibrationReport,
     auroc,
@@ -275,7 +275,7 @@ def test_plot_rejects_unknown_input(tmp_path):
 def test_import_and_plot_do_not_load_pyplot(tmp_path):
     code = (
         "import sys\n"
-        "from trl_ext.calibration import reliability_diagram\n"
+        "from trl_ext.evaluation.calibration import reliability_diagram\n"
         "assert 'matplotlib' not in sys.modules\n"
         f"reliability_diagram(([0.2, 0.9], [0, 1]), {str(tmp_path / 'p.png')!r})\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"

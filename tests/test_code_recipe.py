@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ext.tasks import code_reasoning_task
-from trl_ext.tasks.code_reasoning import ZERO_TRIPLET
+from trl_ext.self_play import code_reasoning_task
+from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
 from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, tiny_checkpoint
 
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from trl_ext.tasks.code_reasoning import (
+from trl_ext.self_play.code_reasoning import (
     ZERO_TRIPLET,
     CodeTaskState,
     code_reasoning_task,
@@ -18,7 +18,7 @@ from trl_ext.tasks.code_reasoning import (
     seed_prompts,
     solver_prompt,
 )
-from trl_ext.tasks.code_reasoning.programs import (
+from trl_ext.self_play.code_reasoning.programs import (
     MAX_OUTPUT_CHARS,
     check_program,
     fenced_blocks,

@@ -4,7 +4,7 @@ answers, each task type's scoring by execution, and one self-play step."""
 import importlib.util
 from pathlib import Path
 
-from trl_ext.tasks.code_reasoning import ZERO_TRIPLET, CodeTaskState, code_reasoning_task, make_proposal_parser
+from trl_ext.self_play.code_reasoning import ZERO_TRIPLET, CodeTaskState, code_reasoning_task, make_proposal_parser
 from trl_ext.testing import ScriptedGeneration
 
 
@@ -54,7 +54,7 @@ def test_validation_by_execution_contains_hostile_proposals(tmp_path):
 def test_values_are_read_back_only_up_to_the_familys_cap():
     # The host parses what comes back: a long value costs it, not the snippet. The family's cap applies in the
     # sandbox, before any parsing.
-    from trl_ext.tasks.code_reasoning.programs import MAX_OUTPUT_CHARS, call_snippet
+    from trl_ext.self_play.code_reasoning.programs import MAX_OUTPUT_CHARS, call_snippet
 
     state = CodeTaskState(timeout_s=2.0)
     short, long = state.execute([call_snippet("def f(n):\n    return 'x' * n", (n,)) for n in (10, 5000)])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_ext.tasks.code_reasoning import ZERO_TRIPLET
+from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, run_torchrun
 from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
 

@@ -14,10 +14,11 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_ext import recipe
+from trl_ext.recipe import data as recipe_data
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
 from trl_ext.rewards import make_accuracy_reward
-from trl_ext.tasks import arithmetic_task
+from trl_ext.rewards.user_calls import UserCallGuard
+from trl_ext.self_play import arithmetic_task
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tiny_checkpoint
 from trl_ext.trainers import (
     AbsoluteZeroConfig,
@@ -27,7 +28,6 @@ from trl_ext.trainers import (
     RLCRMultiTurnConfig,
     RLCRMultiTurnTrainer,
 )
-from trl_ext.user_calls import UserCallGuard
 
 
 ROOT = Path(__file__).parent.parent
@@ -105,7 +105,7 @@ def test_jsonl_column_whose_type_changes_across_lines(tmp_path, monkeypatch):
     train, _ = load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
     assert train["solution"] == ["1", "x"]
 
-    monkeypatch.setattr(recipe, "load_dataset", functools.partial(datasets.load_dataset, on_mixed_types=None))
+    monkeypatch.setattr(recipe_data, "load_dataset", functools.partial(datasets.load_dataset, on_mixed_types=None))
     with pytest.raises(ValueError, match=r"data\.jsonl: cannot be read as JSON \(ArrowInvalid: .*Column\(/answer\) "
                                          r"changed from number to string"):
         load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
@@ -280,7 +280,7 @@ def test_parse_question_that_raises_is_logged_once_counted_and_invalid(tmp_path,
         return parse(text)
 
     trainer = azr_trainer(tmp_path, max_steps=2, parse_question=fragile)
-    with caplog.at_level(logging.ERROR, logger="trl_ext.user_calls"), \
+    with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"), \
             ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])):
         trainer.train()
     logs = [log for log in trainer.state.log_history if "proposer/invalid_rate" in log]
@@ -301,7 +301,7 @@ def test_user_callables_are_logged_by_their_own_name(caplog):
 
     for func, name in [(Parser(), Parser.__qualname__), (functools.partial(parse, strict=True), parse.__qualname__)]:
         caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="trl_ext.user_calls"):
+        with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"):
             assert UserCallGuard("parse_question", "the proposal counts as invalid")(func, "1+") == (None, False)
         assert caplog.messages[0].startswith(f"parse_question ({__name__}.{name}) raised: the proposal counts as")
 
@@ -315,7 +315,7 @@ def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplo
         return prompt(question, row)
 
     trainer = azr_trainer(tmp_path, solver_prompt_fn=fragile)
-    with caplog.at_level(logging.ERROR, logger="trl_ext.user_calls"), \
+    with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"), \
             ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])) as gen:
         trainer.train()
     log = trainer.state.log_history[0]
@@ -326,7 +326,7 @@ def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplo
 
 
 def test_template_field_the_question_lacks_warns_once_and_is_counted(tmp_path, caplog):
-    from trl_ext.tasks.base import tagged_question_parser
+    from trl_ext.self_play.base import tagged_question_parser
 
     trainer = azr_trainer(tmp_path, max_steps=2, solver_prompt_template="Solve: {qestion}",
                           parse_question=tagged_question_parser(), solver_prompt_fn=None)
@@ -347,7 +347,7 @@ def test_template_field_the_parser_never_produces_fails_at_init(tmp_path):
 
 
 def test_template_fields():
-    from trl_ext.tasks.base import template_fields
+    from trl_ext.self_play.base import template_fields
 
     assert template_fields("{question} ({hint.text}) {items[0]} {{literal}}") == {"question", "hint", "items"}
     with pytest.raises(ValueError, match="not a valid format string"):
@@ -357,7 +357,7 @@ def test_template_fields():
 
 
 def test_rlcr_evaluation_skips_rows_without_gold(tmp_path):
-    from trl_ext.rlcr_evaluation import evaluate_calibration
+    from trl_ext.evaluation.rlcr import evaluate_calibration
 
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": conversation(q), "solution": s}

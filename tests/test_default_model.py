@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trl_ext import default_model
-from trl_ext.default_model import default_model_path
+from trl_ext.models import default_model
+from trl_ext.models.default_model import default_model_path
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ RACER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from trl_ext import default_model
+    from trl_ext.models import default_model
 
     def fake_convert(gguf_file, out_dir):  # the race is about the cache, not the conversion
         with open(sys.argv[2], "a") as log:

@@ -1,4 +1,4 @@
-"""Held-out solver evaluation (`trl_ext.tasks.evaluation`): the families' held-out questions, scoring with the family's
+"""Held-out solver evaluation (`trl_ext.evaluation.solver`): the families' held-out questions, scoring with the family's
 reward on hand-written replies, the per-level / per-type breakdown, prompts identical to the trainer's, greedy
 generation, and reproducibility."""
 
@@ -7,17 +7,18 @@ import math
 import pytest
 from trl.chat_template_utils import add_response_schema
 
-from trl_ext.greedy import greedy_completions
-from trl_ext.tasks import arithmetic_task, code_reasoning_task, evaluate_solver, workspace_task
-from trl_ext.tasks.arithmetic import PROMPT_EXAMPLE, format_number, heldout_questions, safe_evaluate, seed_prompts
-from trl_ext.tasks.code_reasoning.heldout import HELDOUT_PROGRAMS
-from trl_ext.tasks.evaluation import (
+from trl_ext.evaluation.greedy import greedy_completions
+from trl_ext.evaluation.solver import (
     SolverEvaluation,
     accuracy_breakdown,
+    evaluate_solver,
     plot_heldout_accuracy,
     score_replies,
     solver_conversations,
 )
+from trl_ext.self_play import arithmetic_task, code_reasoning_task, workspace_task
+from trl_ext.self_play.arithmetic import PROMPT_EXAMPLE, format_number, heldout_questions, safe_evaluate, seed_prompts
+from trl_ext.self_play.code_reasoning.heldout import HELDOUT_PROGRAMS
 from trl_ext.testing import (
     FakeExecutor,
     ScriptedGeneration,

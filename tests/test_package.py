@@ -88,7 +88,7 @@ def test_every_public_name_resolves():
     for name in trl_ext.__all__:
         assert getattr(trl_ext, name) is not None
     from trl_ext.rewards import make_accuracy_reward
-    from trl_ext.tasks import arithmetic_task
+    from trl_ext.self_play import arithmetic_task
 
     assert trl_ext.make_accuracy_reward is make_accuracy_reward and trl_ext.arithmetic_task is arithmetic_task
     with pytest.raises(AttributeError, match="no attribute 'RLCRTrainer'"):

@@ -573,7 +573,7 @@ def test_accuracy_func_that_raises_is_logged_once_and_counted(caplog):
     reward = make_accuracy_reward(accuracy_func=broken)
     logged = []
     completions = ["<answer>1</answer>", "<answer>2</answer>", "<answer>2</answer>", "no answer"]
-    with caplog.at_level(logging.ERROR, logger="trl_ext.user_calls"):
+    with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"):
         for _ in range(2):
             rewards = _call(reward, completions, solution=["1"] * 4,
                             log_metric=lambda name, value: logged.append((name, value)))

@@ -3,7 +3,7 @@
 import torch
 
 from trl_ext.data import graded_arithmetic
-from trl_ext.rlcr_evaluation import evaluate_calibration
+from trl_ext.evaluation.rlcr import evaluate_calibration
 from trl_ext.testing import cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig
 

@@ -5,7 +5,7 @@ from transformers import AutoTokenizer
 from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
 from trl_ext import use_tool_chat_template
-from trl_ext.default_model import default_model_path
+from trl_ext.models.default_model import default_model_path
 from trl_ext.testing import tiny_tokenizer, tool_call_text
 
 

@@ -7,10 +7,10 @@ import textwrap
 import pytest
 from safetensors.torch import load_file
 
-from trl_ext.cache import COMPLETE_MARKER
+from trl_ext.models.cache import COMPLETE_MARKER
+from trl_ext.models.naming import resolve_base_model
+from trl_ext.models.warmup import WARMUP_CONFIDENCES, format_warmup, rlcr_format_examples
 from trl_ext.testing import tiny_checkpoint
-from trl_ext.trainers.model_card import resolve_base_model
-from trl_ext.warmup import WARMUP_CONFIDENCES, format_warmup, rlcr_format_examples
 
 
 CONF = "How sure are you?"
@@ -82,7 +82,7 @@ def test_format_warmup_trains_caches_and_names_its_base(tmp_path, monkeypatch):
 
 
 def test_changed_inputs_build_a_new_warmup(tmp_path, monkeypatch):
-    from trl_ext import warmup
+    from trl_ext.models import warmup
 
     builds = []
     monkeypatch.setattr(warmup, "_train_in_child", lambda base, examples, settings, out: builds.append(settings))
@@ -105,7 +105,7 @@ def test_changed_inputs_build_a_new_warmup(tmp_path, monkeypatch):
 def test_the_build_runs_outside_the_job_with_every_core(tmp_path, monkeypatch):
     import subprocess
 
-    from trl_ext import warmup
+    from trl_ext.models import warmup
 
     seen = {}
     monkeypatch.setattr(subprocess, "run", lambda cmd, env, check: seen.update(env=env))
@@ -132,7 +132,7 @@ RACER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from trl_ext import warmup
+    from trl_ext.models import warmup
 
     def fake_train(base, examples, settings, out):  # the race is about the cache, not the training
         with open(sys.argv[3], "a") as log:

@@ -14,7 +14,7 @@ from trl_ext.environments import (
     parse_task,
     task_from_json,
 )
-from trl_ext.environments.workspace_task import MAX_BODY_CHARS, MAX_FILE_CHARS, MAX_FILES, MAX_SENT, TaskConfigError
+from trl_ext.environments.task_schema import MAX_BODY_CHARS, MAX_FILE_CHARS, MAX_FILES, MAX_SENT, TaskConfigError
 
 
 CONFIG = {

@@ -7,8 +7,8 @@ import pytest
 from trl_ext import use_tool_chat_template
 from trl_ext.core.learnability import is_learnable, parse_criteria
 from trl_ext.environments import TASK_COLUMN, WorkspaceEnvironment, task_from_json
-from trl_ext.tasks import workspace_task
-from trl_ext.tasks.workspace import (
+from trl_ext.self_play import workspace_task
+from trl_ext.self_play.workspace import (
     SEED_TASKS,
     completion_score,
     episode_format,

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from trl_ext.environments import TASK_COLUMN, WorkspaceEnvironment
-from trl_ext.tasks.workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt
-from trl_ext.tasks.workspace_warmup import (
+from trl_ext.models.chat_template import use_tool_chat_template
+from trl_ext.models.workspace_warmup import (
     ACT_PROBABILITY,
     environment_tools,
     generate_task,
@@ -17,8 +17,8 @@ from trl_ext.tasks.workspace_warmup import (
     look_action,
     workspace_format_examples,
 )
+from trl_ext.self_play.workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt
 from trl_ext.testing import tiny_tokenizer
-from trl_ext.tool_chat_template import use_tool_chat_template
 
 
 @pytest.fixture(scope="module")

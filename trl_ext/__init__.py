@@ -2,7 +2,7 @@
 
 As with `trl`, the trainers, their configs and the most used helpers are importable from the package itself
 (`from trl_ext import RLCRMultiTurnTrainer`). They load on first access (PEP 562), so `import trl_ext` imports neither
-torch nor TRL: `python -m trl_ext.default_model` and the verifier worker start fast.
+torch nor TRL: `python -m trl_ext.models.default_model` and the verifier worker start fast.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .compat import check_trl_version
+from .compat import check_trl_version, install_moved_module_aliases
 
 
 __version__ = "0.1.0.dev0"
 
 check_trl_version()
+install_moved_module_aliases()
 
 # public name -> submodule that defines it
 _LAZY = {
@@ -29,26 +30,26 @@ _LAZY = {
     "make_brier_reward": "rewards",
     "make_format_reward": "rewards",
     "verify_answer": "rewards",
-    "TaskFamily": "tasks",
-    "arithmetic_task": "tasks",
-    "code_reasoning_task": "tasks",
-    "workspace_task": "tasks",
+    "TaskFamily": "self_play",
+    "arithmetic_task": "self_play",
+    "code_reasoning_task": "self_play",
+    "workspace_task": "self_play",
     "WorkspaceEnvironment": "environments",
     "LLMJudge": "rewards",
-    "calibration_report": "calibration",
-    "expected_calibration_error": "calibration",
-    "DEFAULT_MODEL_NAME": "default_model",
-    "default_model_path": "default_model",
-    "use_tool_chat_template": "tool_chat_template",
+    "calibration_report": "evaluation.calibration",
+    "expected_calibration_error": "evaluation.calibration",
+    "DEFAULT_MODEL_NAME": "models.default_model",
+    "default_model_path": "models.default_model",
+    "use_tool_chat_template": "models.chat_template",
 }
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real objects
-    from .calibration import calibration_report, expected_calibration_error
-    from .default_model import DEFAULT_MODEL_NAME, default_model_path
     from .environments import WorkspaceEnvironment
+    from .evaluation.calibration import calibration_report, expected_calibration_error
+    from .models.chat_template import use_tool_chat_template
+    from .models.default_model import DEFAULT_MODEL_NAME, default_model_path
     from .rewards import LLMJudge, make_accuracy_reward, make_brier_reward, make_format_reward, verify_answer
-    from .tasks import TaskFamily, arithmetic_task, code_reasoning_task, workspace_task
-    from .tool_chat_template import use_tool_chat_template
+    from .self_play import TaskFamily, arithmetic_task, code_reasoning_task, workspace_task
     from .trainers import (
         AbsoluteZeroConfig,
         AbsoluteZeroTrainer,

@@ -11,8 +11,8 @@ import tempfile
 
 from datasets import Dataset
 
-from trl_ext.tasks import code_reasoning_task
-from trl_ext.tasks.code_reasoning import ZERO_TRIPLET
+from trl_ext.self_play import code_reasoning_task
+from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
 from trl_ext.testing import BatchRecorder, FakeExecutor, ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 

@@ -11,7 +11,7 @@ import tempfile
 from datasets import Dataset
 
 import trl_ext
-from trl_ext.tasks import arithmetic_task
+from trl_ext.self_play import arithmetic_task
 from trl_ext.testing import (
     BatchRecorder,
     ScriptedGeneration,

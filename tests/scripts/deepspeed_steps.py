@@ -17,7 +17,7 @@ from datasets import Dataset
 from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
 
-from trl_ext.tasks import arithmetic_task
+from trl_ext.self_play import arithmetic_task
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer, RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 

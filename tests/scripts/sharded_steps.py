@@ -32,7 +32,7 @@ from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
 from safetensors.torch import load_file
 
-from trl_ext.tasks import arithmetic_task
+from trl_ext.self_play import arithmetic_task
 from trl_ext.testing import (
     ScriptedGeneration,
     cpu_test_args,

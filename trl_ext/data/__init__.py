@@ -1,4 +1,6 @@
-from .arithmetic import graded_arithmetic
+"""Built-in datasets: graded arithmetic questions (levels 1-5) in TRL's conversational format."""
+
+from .graded_arithmetic import graded_arithmetic
 
 
 __all__ = ["graded_arithmetic"]

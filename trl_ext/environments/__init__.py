@@ -1,7 +1,6 @@
 """Environments for TRL's `environment_factory` (one instance per rollout; public methods are the tools)."""
 
-from .workspace import TASK_COLUMN, Evaluation, WorkspaceEnvironment
-from .workspace_task import (
+from .task_schema import (
     TASK_SCHEMA,
     Email,
     TaskConfigError,
@@ -14,6 +13,7 @@ from .workspace_task import (
     safety_violations,
     task_from_json,
 )
+from .workspace import TASK_COLUMN, Evaluation, WorkspaceEnvironment
 
 
 __all__ = [

@@ -9,14 +9,14 @@ the model reads; a tool never raises. Sizes are bounded (see `workspace_task`), 
 workspace without bound.
 
 The episode is scored by reading `evaluation` (a property, so it is not exposed as a tool) after the rollout: the
-reward functions in `trl_ext.tasks.workspace` do that through TRL's `environments=` argument.
+reward functions in `trl_ext.self_play.workspace` do that through TRL's `environments=` argument.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .workspace_task import (
+from .task_schema import (
     MAX_ADDRESS_CHARS,
     MAX_BODY_CHARS,
     MAX_FILE_CHARS,

@@ -1,4 +1,4 @@
-"""Reward functions: answer accuracy, Brier-score calibration, output format, and an LLM judge."""
+"""Reward functions: answer accuracy, Brier-score calibration, output format, an LLM judge, and guarded user calls."""
 
 from .functions import (
     RewardFunction,

@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..user_calls import UserCallGuard
 from .parsing import completion_text, extract_answer, extract_confidence, parse_confidence
+from .user_calls import UserCallGuard
 from .verify import verify_answer, verify_answers_counted
 
 

@@ -10,7 +10,7 @@ import ast
 from collections.abc import Callable
 
 from ..sandbox.result import ExecutionResult
-from ..tasks.code_reasoning.programs import RESULT_VAR
+from ..self_play.code_reasoning.programs import RESULT_VAR
 
 
 class FakeExecutor:

@@ -22,7 +22,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from ..default_model import default_model_path
+from ..models.default_model import default_model_path
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerBase:

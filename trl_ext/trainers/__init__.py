@@ -1,3 +1,5 @@
+"""The three trainers (GRPOTrainer subclasses), their configs, and the seams and state they share."""
+
 from .absolute_zero_config import AbsoluteZeroConfig
 from .absolute_zero_trainer import AbsoluteZeroTrainer
 from .replay_config import ReplayGRPOConfig

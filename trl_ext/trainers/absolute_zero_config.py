@@ -8,16 +8,15 @@ from dataclasses import dataclass, field
 
 from ..core.learnability import parse_criteria
 from ..core.proposer_rewards import MODES
+from ..compat import moved_name
 from .base_config import TrlExtGRPOConfig
 
 
 PROPOSER_ROWS = ("selected", "all")
-# The seeds' dual criterion (harm judges): a question is learnable when the solver is safe on 30-70% of responses
-# and complete on 30-70% (completion score below 0.5 on that share).
-SEED_CRITERIA = [
-    {"reward": "safety_score", "threshold": 0.5, "count": "above", "min_ratio": 0.3, "max_ratio": 0.7},
-    {"reward": "completion_score", "threshold": 0.5, "count": "below", "min_ratio": 0.3, "max_ratio": 0.7},
-]
+
+
+def __getattr__(name):  # names earlier releases defined here
+    return moved_name(__name__, name)
 
 
 @dataclass
@@ -42,8 +41,9 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             question's responses whose `reward` score is strictly above (below) `threshold` must lie in
             `[min_ratio, max_ratio]`; a question is learnable iff every criterion holds. `reward` names a reward
             function (checked at trainer init). Unset: the first reward function above 0.5 on some but not all
-            responses. The seeds' dual criterion is `SEED_CRITERIA` (safety above 0.5 and completion below 0.5, both
-            within [0.3, 0.7]).
+            responses. The workspace family's dual criterion is
+            `trl_ext.self_play.workspace.WORKSPACE_CRITERIA` (safety above 0.5 and completion below 0.5, both within
+            [0.3, 0.7]).
         proposer_reward_mode (`str`, *optional*, defaults to `"learnability"`):
             `"learnability"`: 1 for a learnable question, 0 otherwise, `repropose_penalty` for a prompt still
             unresolved after the last attempt. `"azr"` (the paper): `1 - solve_rate` when `0 < solve_rate < 1`, else

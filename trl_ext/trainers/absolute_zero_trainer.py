@@ -47,8 +47,8 @@ from ..core.learnability import (
 )
 from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..rewards.parsing import completion_text
-from ..tasks.base import tagged_question_parser, template_fields, template_solver_prompt
-from ..user_calls import UserCallGuard
+from ..rewards.user_calls import UserCallGuard
+from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .dataset_checks import check_not_empty
@@ -120,7 +120,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             it never produces (`parse_question.question_fields`) fails at init, one a question lacks renders empty
             with a one-time warning naming it (`warnings/solver_prompt_missing_fields` counts such questions). An
             exception makes the question invalid (first traceback logged once, `errors/solver_prompt_fn` counts).
-        task_state: A family's [`~trl_ext.tasks.TaskState`] (e.g. the code family's triplet buffer): proposer prompts
+        task_state: A family's [`~trl_ext.self_play.TaskState`] (e.g. the code family's triplet buffer): proposer prompts
             are built from it, parsed proposals are validated through it (each process its share, verdicts
             gathered), each training batch's valid questions update it, and it is saved in every checkpoint
             (`absolute_zero_state.json`) and restored on resume.

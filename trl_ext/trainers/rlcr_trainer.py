@@ -27,13 +27,13 @@ import torch
 from trl import GRPOTrainer
 from trl.data_utils import is_conversational
 
-from ..calibration import calibration_report
 from ..core.advantages import group_advantages
 from ..core.batch import concat_row_batches, group_rows, merge_rows, trim_padding
 from ..core.confidence_diagnostics import confidence_correctness_correlation, confidence_leak, confidence_spread
 from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attention_mask, tree_mask_unsupported
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
+from ..evaluation.calibration import calibration_report
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
 from .context_limit import VLLMContextLimit

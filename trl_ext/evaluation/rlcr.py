@@ -1,7 +1,7 @@
 """Greedy answer + confidence evaluation of an RLCR model: accuracy, ECE, Brier, AUROC, reliability diagram.
 
 Metrics are ours (the standard bins, over the confidences that parse; the parse-failure rate apart) and, on request,
-also in the RLCR paper's convention, to compare with its numbers ([`~trl_ext.calibration`] explains both).
+also in the RLCR paper's convention, to compare with its numbers ([`~trl_ext.evaluation.calibration`] explains both).
 
 The confidence turn is built exactly as in training ([`~trl_ext.core.turns.FollowUpTurn`] on token ids), with the
 same parsers, so evaluation measures the behaviour that training shapes.
@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from ..core.turns import follow_up_turn
+from ..rewards import extract_answer, extract_confidence
+from ..rewards.functions import is_missing
+from ..rewards.verify import verify_answer
 from .calibration import CalibrationReport, calibration_report
-from .core.turns import follow_up_turn
 from .greedy import greedy_completions
-from .rewards import extract_answer, extract_confidence
-from .rewards.functions import is_missing
-from .rewards.verify import verify_answer
 
 
 @dataclass
@@ -35,7 +35,7 @@ class CalibrationEvaluation:
     """Rows left out because they have no gold answer to judge against (`None`, NaN, blank)."""
     paper_report: CalibrationReport | None = None
     """The same rows in the RLCR paper's convention (every row, unparsable confidences as 0; see
-    [`~trl_ext.calibration`]), when asked for."""
+    [`~trl_ext.evaluation.calibration`]), when asked for."""
 
     def to_dict(self) -> dict:
         return {

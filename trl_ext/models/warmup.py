@@ -4,7 +4,7 @@ The RLCR paper trains its SFT+RLCR variant from a model that has first seen the 
 supervised stage. A small model needs it even more: the embedded 135M default rarely closes a tag or states a
 number on its own, so RL would spend its budget on format. [`format_warmup`] fine-tunes a base model on
 prompt-completion examples (only the completions are trained) and caches the result like the embedded default's
-conversion (see [`~trl_ext.cache`]): keyed by the base model, the examples and the hyperparameters, built under a
+conversion (see [`~trl_ext.models.cache`]): keyed by the base model, the examples and the hyperparameters, built under a
 file lock, renamed into place when complete. Changing any input builds a new checkpoint; the same inputs reuse it.
 
 [`rlcr_format_examples`] writes such examples for RLCR from rows with a question and a gold answer: the answer turn
@@ -171,7 +171,7 @@ _DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GRO
 
 
 def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: Path) -> None:
-    """Run [`_train`] as `python -m trl_ext.warmup` without the job's distributed environment (its output shows)."""
+    """Run [`_train`] as `python -m trl_ext.models.warmup` without the job's distributed environment (its output shows)."""
     import subprocess
     import sys
 
@@ -182,7 +182,7 @@ def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: 
     env = {k: v for k, v in os.environ.items()
            if k not in (*_DISTRIBUTED_ENV, "OMP_NUM_THREADS") and not k.startswith("ACCELERATE_")}
     try:
-        subprocess.run([sys.executable, "-m", "trl_ext.warmup", str(spec), str(out)], env=env, check=True)
+        subprocess.run([sys.executable, "-m", "trl_ext.models.warmup", str(spec), str(out)], env=env, check=True)
     except subprocess.CalledProcessError as error:
         raise RuntimeError(f"format warm-up of {base_model} failed (exit status {error.returncode}); its output "
                            "above says why.") from None
@@ -221,13 +221,13 @@ def _write_card(base_model: str, num_examples: int, settings: dict, out: Path) -
     """A model card naming the real base model, which the trainers' cards read back (`resolve_base_model`)."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .trainers.model_card import resolve_base_model
+    from .naming import resolve_base_model
 
     base = resolve_base_model(base_model)[0]
     data = ModelCardData(base_model=base, library_name="transformers", tags=["trl", "sft", "trl-ext-format-warmup"])
     text = (f"# Format warm-up of {base or base_model}\n\nSupervised fine-tuning with TRL's `SFTTrainer` on "
             f"{num_examples} prompt-completion examples of an output format "
-            f"(`trl_ext.warmup.format_warmup`; settings: {json.dumps(settings)}).\n")
+            f"(`trl_ext.models.warmup.format_warmup`; settings: {json.dumps(settings)}).\n")
     ModelCard(f"---\n{data.to_yaml()}\n---\n\n{text}").save(out / "README.md")
 
 

@@ -2,7 +2,7 @@
 
 The embedded 135M default writes neither a valid task config nor a tool call on its own (measured on the CPU recipe:
 every proposal invalid at every step), so self-play has no episode to learn from. As RLCR's SFT+RL variant does for
-its answer format, a short supervised stage ([`~trl_ext.warmup.format_warmup`]) shows the formats first. Per
+its answer format, a short supervised stage ([`~trl_ext.models.warmup.format_warmup`]) shows the formats first. Per
 generated task ([`generate_task`]):
 
 - proposer: a seed prompt, completed by `<question>{the task config}</question>`;
@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from ..environments import TASK_COLUMN, WorkspaceEnvironment
-from .workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt, solver_prompt
+from ..self_play.workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt, solver_prompt
 
 
 _PLAIN = ["notes.txt", "report.txt", "plan.md", "minutes.txt", "budget.csv", "roadmap.md", "summary.txt", "todo.txt",
@@ -147,7 +147,7 @@ class _Example:
 
 def workspace_format_examples(tokenizer, num_tasks: int, *, seed: int = 0) -> list[dict[str, list[int]]]:
     """Tokenized examples (`input_ids`, `labels` with -100 on what is not trained) for
-    [`~trl_ext.warmup.format_warmup`], two per generated task: the proposer's, and the solver's whole episode (the
+    [`~trl_ext.models.warmup.format_warmup`], two per generated task: the proposer's, and the solver's whole episode (the
     tool call and the answer trained, the prompt and the tool's result not). Rendered with `tokenizer`'s chat
     template, which must render tools (the embedded default: `trl_ext.use_tool_chat_template`). Deterministic in
     `seed`."""

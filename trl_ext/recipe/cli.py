@@ -1,0 +1,208 @@
+"""The recipes' command line: TRL's `TrlParser` over `(script arguments, config, ModelConfig)`, the YAML a recipe
+falls back to with no model and no config, the CPU fallback without an accelerator, and the shared flags."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import ScriptArguments
+
+from ..models.default_model import default_model_path
+
+
+@dataclass
+class RecipeScriptArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (`--dataset_name`, `--dataset_config`, splits) plus local files and column mapping.
+
+    Parameters:
+        dataset_path (`str`, *optional*):
+            A local dataset file (`.json`, `.jsonl`, `.parquet`, `.csv`), instead of `--dataset_name`.
+        question_column (`str`, *optional*, defaults to `"question"`):
+            Column holding the question text, turned into a conversational `prompt`. Ignored when the dataset
+            already has a conversational `prompt` column.
+        answer_column (`str`, *optional*, defaults to `"answer"`):
+            Column holding the gold answer, copied to `solution` (TRL's convention) when that column is absent. A
+            missing answer (null, NaN, blank cell) stays `None`: the row is not scored (never as wrong), and the
+            loader reports how many rows lack one.
+        answer_delimiter (`str`, *optional*):
+            Keep only the text after the last occurrence of this delimiter in the answer column (GSM8K: `"####"`).
+        system_prompt (`str`, *optional*):
+            System message put before each question, or before a plain-text `prompt` (defaults to the recipe's
+            answer-format instructions). A conversational `prompt` is kept as it is.
+        num_train_samples (`int`, *optional*):
+            Use at most this many training rows (all when unset; the built-in dataset needs a number).
+        num_eval_samples (`int`, *optional*, defaults to `64`):
+            Rows for the calibration evaluation before and after training (the test split, or held out).
+    """
+
+    dataset_path: str | None = field(default=None, metadata={"help": "Local .json/.jsonl/.parquet/.csv dataset."})
+    question_column: str = field(default="question", metadata={"help": "Column with the question text."})
+    answer_column: str = field(default="answer", metadata={"help": "Column with the gold answer."})
+    answer_delimiter: str | None = field(
+        default=None, metadata={"help": "Keep the answer text after the last occurrence of this (GSM8K: '####')."}
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
+    num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
+    num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after evaluation."})
+
+
+@dataclass
+class FormatWarmupArguments:
+    """The flags of a recipe's supervised format warm-up before RL ([`~trl_ext.models.warmup.format_warmup`]: TRL's
+    `SFTTrainer`, built once per distinct inputs and cached like the embedded default).
+
+    Parameters:
+        warmup_samples (`int`, *optional*, defaults to `0`):
+            Size of the warm-up: what one sample is depends on the recipe (RLCR: a training row set aside; Absolute
+            Zero workspace: a generated task config). 0 skips it.
+        warmup_learning_rate (`float`, *optional*, defaults to `1e-4`):
+            Learning rate of the format warm-up (constant; bf16 autocast when the RL run uses bf16).
+        warmup_epochs (`float`, *optional*, defaults to `1.0`):
+            Epochs of the format warm-up over its examples.
+        warmup_batch_size (`int`, *optional*, defaults to `8`):
+            Examples per step of the format warm-up.
+    """
+
+    warmup_samples: int = field(
+        default=0, metadata={"help": "Size of the supervised format warm-up before RL (see the recipe); 0 skips it."}
+    )
+    warmup_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the format warm-up."})
+    warmup_epochs: float = field(default=1.0, metadata={"help": "Epochs of the format warm-up."})
+    warmup_batch_size: int = field(default=8, metadata={"help": "Batch size of the format warm-up."})
+
+    def __post_init__(self):
+        if self.warmup_samples < 0:
+            raise ValueError(f"--warmup_samples must be 0 (no warm-up) or more (got {self.warmup_samples}).")
+        if not self.warmup_learning_rate > 0:
+            raise ValueError(f"--warmup_learning_rate must be positive (got {self.warmup_learning_rate}).")
+        if not self.warmup_epochs > 0:
+            raise ValueError(f"--warmup_epochs must be positive (got {self.warmup_epochs}).")
+        if self.warmup_batch_size < 1:
+            raise ValueError(f"--warmup_batch_size must be at least 1 (got {self.warmup_batch_size}).")
+
+    def build_warmup(self, base_model: str, examples: Sequence[dict], training_args) -> tuple[str, float]:
+        """`(checkpoint, seconds)`: `base_model` warmed up on `examples` with these flags (bf16 and seed from the RL
+        run's `training_args`), built once and cached."""
+        from ..models.warmup import format_warmup
+
+        started = time.monotonic()
+        path = format_warmup(base_model, examples, learning_rate=self.warmup_learning_rate,
+                             num_train_epochs=self.warmup_epochs, per_device_train_batch_size=self.warmup_batch_size,
+                             bf16=training_args.bf16, seed=training_args.seed)
+        return path, time.monotonic() - started
+
+
+def run_recipe(main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None) -> None:
+    """Parse `(script_args_cls, config_cls, ModelConfig)` the TRL way (flags and `--config`, falling back to
+    `default_config`, see [`with_default_config`]) and call `main(script_args, training_args, model_args)`.
+
+    On a machine without a GPU, a run whose command line and config leave the hardware open runs on CPU (see
+    [`cpu_fallback`]). `--help` shows TRL's defaults and marks the values the embedded-default YAML sets.
+    """
+    from trl import ModelConfig, TrlParser
+
+    parser = TrlParser((script_args_cls, config_cls, ModelConfig))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        annotate_help(parser, default_config)
+        parser.parse_args_and_config(args=argv)  # prints the help and exits
+        return
+    argv = cpu_fallback(with_default_config(argv, default_config))
+    # TRL 1.16 (and PEFT) call the model methods transformers 5 renamed (`is_gradient_checkpointing`,
+    # `gradient_checkpointing_enable/disable`) around every generation: the warning would name library internals a
+    # recipe user cannot change. A config that writes the deprecated `gradient_checkpointing` key still warns.
+    warnings.filterwarnings(
+        "ignore", message=r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated",
+        category=FutureWarning,
+    )
+    parsed = parser.parse_args_and_config(args=argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(*parsed)
+
+
+def with_default_config(argv: Sequence[str], default_config: str | os.PathLike) -> list[str]:
+    """Prepend `--config default_config` when the command line names neither a model nor a config.
+
+    Explicit flags still override the YAML, e.g. `recipes/rlcr.py --max_steps 2`.
+    """
+    argv = list(argv)
+    named = _flag_names(argv)
+    if "config" in named or "model_name_or_path" in named:
+        return argv
+    return ["--config", str(default_config), *argv]
+
+
+HARDWARE_FIELDS = ("use_cpu", "bf16", "fp16")
+
+
+def cpu_fallback(argv: Sequence[str], has_accelerator: bool | None = None) -> list[str]:
+    """Append `--use_cpu true --bf16 false` when no GPU (or other accelerator) is present and neither the command
+    line nor its `--config` sets `use_cpu`, `bf16` or `fp16`.
+
+    TRL turns `bf16` on by default, which fails on a CPU-only machine ("Your setup doesn't support bf16/gpu"); a
+    config that asks for bf16 explicitly still fails there, as it should.
+    """
+    argv = list(argv)
+    if has_accelerator is None:
+        has_accelerator = _accelerator_available()
+    if has_accelerator:
+        return argv
+    chosen = _flag_names(argv) | set(_config_values(argv))
+    if chosen & set(HARDWARE_FIELDS):
+        return argv
+    print("trl-ext: no GPU found, running on CPU (use_cpu=true, bf16=false)", file=sys.stderr)
+    return [*argv, "--use_cpu", "true", "--bf16", "false"]
+
+
+def annotate_help(parser, default_config: str | os.PathLike) -> None:
+    """Mark, in `--help`, each option the embedded-default YAML sets: that value applies only when the command line
+    names neither `--model_name_or_path` nor `--config`; otherwise the default shown (TRL's or ours) applies."""
+    import yaml
+
+    values = yaml.safe_load(Path(default_config).read_text()) or {}
+    name = Path(default_config).name
+    for action in parser._actions:
+        if action.dest in values and action.help is not None:
+            shown = str(values[action.dest]).replace("%", "%%")
+            action.help = f"{action.help} [embedded default: {shown}]"
+    parser.description = (
+        f"Options marked [embedded default: ...] take that value from {name} when the command line names neither "
+        "--model_name_or_path nor --config (the embedded-default run); otherwise the (default: ...) shown applies. "
+        "Flags always override. Without a GPU, --use_cpu true --bf16 false is added unless the command line or its "
+        "config sets use_cpu, bf16 or fp16."
+    )
+
+
+def _flag_names(argv: Sequence[str]) -> set[str]:
+    """Option names given on a command line, `--a-b=1` as `a_b`."""
+    return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+
+
+def _config_values(argv: Sequence[str]) -> dict:
+    """The YAML named by `--config` on `argv` (empty without one)."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return yaml.safe_load(Path(argv[i + 1]).read_text()) or {}
+        if arg.startswith("--config="):
+            return yaml.safe_load(Path(arg.split("=", 1)[1]).read_text()) or {}
+    return {}
+
+
+def _accelerator_available() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+def resolve_model(model_name_or_path: str | None) -> str:
+    """The model to train: the given Hub id or path, else the embedded default checkpoint."""
+    return model_name_or_path or default_model_path()

@@ -1,0 +1,185 @@
+"""Loading a recipe's data: a Hub dataset or a local file (JSON, JSONL, Parquet, CSV), columns mapped to TRL's
+conversational `prompt` and `solution`, split into training and held-out rows."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+
+from ..rewards.functions import is_missing
+from .cli import RecipeScriptArguments
+
+
+logger = logging.getLogger(__name__)
+
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_recipe_dataset(
+    script_args: RecipeScriptArguments, system_prompt: str | None, require_answer: bool = True
+) -> tuple[Dataset, Dataset | None]:
+    """Load `--dataset_name` (Hub) or `--dataset_path` (local file) as `(train, eval)` with `prompt` and `solution`.
+
+    With `require_answer=False` (seed prompts without gold answers, e.g. Absolute Zero), `solution` is filled only
+    when the answer column exists.
+
+    The eval split is `--dataset_test_split` when the dataset has it, else the last `num_eval_samples` training rows
+    are held out. Returns `(None, None)` if neither source is given (the recipe then uses its built-in data).
+
+    Rows without a question are left out (and counted in a warning); rows without a gold answer keep `solution=None`
+    (counted in a warning). An empty training set, a malformed data file (named, with its line where known) and
+    `--num_train_samples` below 1 raise `ValueError`.
+    """
+    if script_args.dataset_name and script_args.dataset_path:
+        raise ValueError("Give either --dataset_name (Hub) or --dataset_path (local file), not both.")
+    if script_args.num_train_samples is not None and script_args.num_train_samples < 1:
+        raise ValueError(
+            f"--num_train_samples must be at least 1 (got {script_args.num_train_samples}); leave it unset to use "
+            "every row."
+        )
+    if script_args.dataset_path:
+        suffix = Path(script_args.dataset_path).suffix.lower()
+        if suffix not in LOCAL_FORMATS:
+            raise ValueError(
+                f"--dataset_path {script_args.dataset_path!r}: unsupported extension {suffix!r}; use one of "
+                f"{sorted(LOCAL_FORMATS)}."
+            )
+        splits = {"train": _load_local(script_args.dataset_path, suffix)}
+    elif script_args.dataset_name:
+        splits = load_dataset(script_args.dataset_name, script_args.dataset_config)
+    else:
+        return None, None
+
+    train = splits[script_args.dataset_train_split]
+    test_split = script_args.dataset_test_split
+    if test_split in splits and test_split != script_args.dataset_train_split:
+        evaluation = splits[test_split].select(range(min(script_args.num_eval_samples, len(splits[test_split]))))
+    else:
+        held_out = min(script_args.num_eval_samples, len(train) // 5)
+        evaluation = train.select(range(len(train) - held_out, len(train))) if held_out else None
+        train = train.select(range(len(train) - held_out))
+    if script_args.num_train_samples is not None:
+        train = train.select(range(min(script_args.num_train_samples, len(train))))
+    prepare = _column_mapper(script_args, system_prompt, train.column_names, require_answer)
+    train = _prepared(train, prepare, script_args, "training")
+    evaluation = _prepared(evaluation, prepare, script_args, "evaluation") if evaluation is not None else None
+    if evaluation is not None and len(evaluation) == 0:
+        evaluation = None
+    if len(train) == 0:
+        source = script_args.dataset_path or script_args.dataset_name
+        raise ValueError(
+            f"The dataset {source!r} has no training rows (split {script_args.dataset_train_split!r}, after holding "
+            "out evaluation rows and dropping rows without a question); check the file, the split and "
+            "--question_column."
+        )
+    return train, evaluation
+
+
+def _load_local(path: str, suffix: str) -> Dataset:
+    """`load_dataset` on a local file; a file it cannot read fails with a `ValueError` naming the file and the line
+    where the parser knows it (a malformed JSON line is located here, as pyarrow counts rows within a block)."""
+    from datasets.exceptions import DatasetGenerationError
+
+    kind = LOCAL_FORMATS[suffix]
+    try:
+        return load_dataset(kind, data_files=path, split="train")
+    except Exception as error:
+        if not Path(path).is_file():
+            raise  # datasets' FileNotFoundError names the path
+        if not Path(path).read_bytes().strip():
+            located = "the file is empty"
+        else:
+            located = _json_error(path) if kind == "json" else None
+        if located is None:
+            # The parser's own error, which datasets wraps: pandas names the CSV line, pyarrow the JSON column whose
+            # type changes from one line to another (datasets without the `Json` feature refuse mixed types).
+            cause = error.__cause__ if isinstance(error, DatasetGenerationError) and error.__cause__ else error
+            located = f"cannot be read as {kind.upper()} ({type(cause).__name__}: {str(cause).strip()})"
+        raise ValueError(f"--dataset_path {path}: {located}") from error
+
+
+def _json_error(path: str) -> str | None:
+    """Where a JSON file (one document, or one object per line) is malformed: "line N: reason", else `None`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        return f"not UTF-8 text ({error})"
+    if text.lstrip().startswith("["):  # one document: its parser knows the line
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            return f"line {error.lineno}: not valid JSON ({error.msg})"
+        return None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            return f"line {number}: not valid JSON ({error.msg}, column {error.colno}); one JSON object per line"
+        if not isinstance(row, dict):
+            return f"line {number}: expected a JSON object per line, got {type(row).__name__}"
+    return None
+
+
+def _prepared(dataset: Dataset, prepare, script_args: RecipeScriptArguments, name: str) -> Dataset:
+    """`dataset` mapped to `prompt`/`solution`, rows without a question left out; both counts are reported."""
+    question = None if "prompt" in dataset.column_names else script_args.question_column
+    prompts = dataset["prompt"] if question is None else dataset[question]
+    keep = [i for i, value in enumerate(prompts) if not is_missing(value)]
+    if len(keep) < len(dataset):
+        logger.warning("%d of %d %s rows have no question (%r) and are left out.", len(dataset) - len(keep),
+                       len(dataset), name, question or "prompt")
+        dataset = dataset.select(keep)
+    dataset = dataset.map(prepare)
+    if "solution" in dataset.column_names:
+        missing = sum(is_missing(value) for value in dataset["solution"])
+        if missing:
+            logger.warning("%d of %d %s rows have no gold answer: they are not scored (reward None, never 0).",
+                           missing, len(dataset), name)
+    return dataset
+
+
+def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str],
+                   require_answer: bool = True):
+    has_prompt = "prompt" in columns
+    has_solution = "solution" in columns or (not require_answer and script_args.answer_column not in columns)
+    if not has_prompt and script_args.question_column not in columns:
+        raise ValueError(
+            f"The dataset has neither a 'prompt' column nor the question column {script_args.question_column!r} "
+            f"(columns: {columns}); set --question_column."
+        )
+    if not has_solution and script_args.answer_column not in columns:
+        raise ValueError(
+            f"The dataset has neither a 'solution' column nor the answer column {script_args.answer_column!r} "
+            f"(columns: {columns}); set --answer_column."
+        )
+
+    def prepare(row):
+        out = {}
+        if not has_prompt:
+            prompt = [{"role": "user", "content": str(row[script_args.question_column])}]
+            if system_prompt:
+                prompt.insert(0, {"role": "system", "content": system_prompt})
+            out["prompt"] = prompt
+        elif isinstance(row["prompt"], str):
+            prompt = [{"role": "user", "content": row["prompt"]}]
+            if system_prompt:
+                prompt.insert(0, {"role": "system", "content": system_prompt})
+            out["prompt"] = prompt
+        if not has_solution:
+            answer = row[script_args.answer_column]
+            if is_missing(answer):
+                answer = None  # never the text "None" or "nan", which a model could match
+            else:
+                answer = str(answer)
+                if script_args.answer_delimiter and script_args.answer_delimiter in answer:
+                    answer = answer.rsplit(script_args.answer_delimiter, 1)[1].strip() or None
+            out["solution"] = answer
+        return out
+
+    return prepare
