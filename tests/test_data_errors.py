@@ -14,8 +14,8 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_ext.recipe import data as recipe_data
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
+from trl_ext.recipe import data as recipe_data
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.rewards.user_calls import UserCallGuard
 from trl_ext.self_play import arithmetic_task

@@ -6,9 +6,9 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from ..compat import moved_name
 from ..core.learnability import parse_criteria
 from ..core.proposer_rewards import MODES
-from ..compat import moved_name
 from .base_config import TrlExtGRPOConfig
 
 
