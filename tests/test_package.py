@@ -31,7 +31,7 @@ def test_installed_trl_is_in_range_without_warning():
 
 def test_untested_trl_warns_once_naming_the_range(monkeypatch):
     monkeypatch.setattr(compat, "_warned", False)
-    with pytest.warns(UserWarning, match=r"trl>=1\.16\.0,<1\.17\.0.*trl 1\.17\.0 is installed"):
+    with pytest.warns(UserWarning, match=r"trl<1\.17,>=1\.16\.0.*trl 1\.17\.0 is installed"):
         assert compat.check_trl_version("1.17.0") is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -12,16 +12,24 @@ import importlib.util
 import sys
 import warnings
 
-from packaging.version import Version
+from packaging.requirements import Requirement
 
 
-TESTED_TRL_RANGE = (Version("1.16.0"), Version("1.17.0"))  # [min, max)
 _warned = False
 
 
-def tested_trl_range() -> str:
-    low, high = TESTED_TRL_RANGE
-    return f">={low},<{high}"
+def tested_trl_range() -> str | None:
+    """The TRL versions trl-ext is tested with: the `trl` requirement of its package metadata (setup.cfg pins it to
+    the tested minor), or `None` when trl-ext runs from a checkout that was never installed."""
+    try:
+        requirements = importlib.metadata.requires("trl-ext") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for line in requirements:
+        requirement = Requirement(line)
+        if requirement.name == "trl" and requirement.marker is None:
+            return str(requirement.specifier)
+    return None
 
 
 def check_trl_version(version: str | None = None) -> bool:
@@ -32,13 +40,13 @@ def check_trl_version(version: str | None = None) -> bool:
             version = importlib.metadata.version("trl")
         except importlib.metadata.PackageNotFoundError:
             return False  # importing a trainer will fail with ImportError, which says enough
-    low, high = TESTED_TRL_RANGE
-    ok = low <= Version(version) < high
+    tested = tested_trl_range()
+    ok = tested is None or Requirement(f"trl{tested}").specifier.contains(version, prereleases=True)
     if not ok and not _warned:
         _warned = True
         warnings.warn(
-            f"trl-ext is tested with trl{tested_trl_range()}, but trl {version} is installed. The trainers rely on "
-            f"GRPOTrainer internals that change between releases; install `trl{tested_trl_range()}`.",
+            f"trl-ext is tested with trl{tested}, but trl {version} is installed. The trainers rely on "
+            f"GRPOTrainer internals that change between releases; install `trl{tested}`.",
             UserWarning,
             stacklevel=3,
         )

@@ -5,8 +5,7 @@ Started by `verify.py` as `python _verify_worker.py MEMORY_BYTES` and run by pat
 imported (`false` if it cannot be); then, for each request `{"budget_s": seconds, "total_s": seconds, "pairs":
 [[gold, prediction], ...]}`, it writes one `true`/`false` line per pair as soon as that pair is decided, so the parent
 can time pairs one by one. Each pair gets at most `budget_s`, and the request at most `total_s` in all: pairs reached
-after that get `null` (not verified) at once. A request `{"sleep": seconds}` exists for tests only: it hangs like a
-runaway sympy call.
+after that get `null` (not verified) at once.
 """
 
 import json
@@ -100,9 +99,6 @@ def main() -> None:
     replies.flush()
     for line in sys.stdin:  # ends when the parent closes the pipe or exits
         request = json.loads(line)
-        if "sleep" in request:
-            time.sleep(request["sleep"])
-            continue
         end = time.monotonic() + request.get("total_s", float("inf"))
         for gold, prediction in request["pairs"]:
             budget = min(request["budget_s"], end - time.monotonic())
