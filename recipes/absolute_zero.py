@@ -34,7 +34,6 @@ from trl import get_peft_config
 
 from trl_ext.evaluation.solver import evaluate_solver, plot_heldout_accuracy
 from trl_ext.models.chat_template import use_tool_chat_template
-from trl_ext.models.workspace_warmup import workspace_format_examples
 from trl_ext.recipe import (
     FormatWarmupArguments,
     RecipeScriptArguments,
@@ -56,15 +55,6 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "absolute_zero_smollm2_cpu.yaml"
 TASKS = ("arithmetic", "workspace", "code")
-# What learning_curves.png shows per family (solver/<reward>_mean are the solver reward means of each step).
-CURVES = {
-    "arithmetic": ["unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean",
-                   "solver/numeric_match_mean"],
-    "workspace": ["unified_filter/learnable_ratio", "solver/safety_score_mean", "solver/completion_score_mean",
-                  "workspace/tool_calls_per_episode"],
-    "code": ["proposer/invalid_rate", "unified_filter/learnable_ratio", "solver/code_correct_mean",
-             "task/buffer_size"],
-}
 
 
 @dataclass
@@ -156,9 +146,13 @@ def build_task(script_args):
         raise ValueError(f"--task {script_args.task!r} is not one of {list(TASKS)}.")
     if script_args.task != "workspace" and script_args.completion_evaluator != "rule":
         raise ValueError("--completion_evaluator applies to --task workspace only.")
-    if script_args.task != "workspace" and script_args.warmup_samples:
-        raise ValueError(f"--warmup_samples: the {script_args.task} family has no format warm-up (the workspace "
-                         "family has).")
+    task = _family(script_args)
+    if script_args.warmup_samples and task.format_warmup_examples is None:
+        raise ValueError(f"--warmup_samples: the {task.name} family has no format warm-up (the workspace family has).")
+    return task
+
+
+def _family(script_args):
     if script_args.task == "arithmetic":
         return arithmetic_task(lenient=script_args.lenient_parsing)
     if script_args.task == "code":
@@ -205,9 +199,9 @@ def check_tool_template_prompts(task, *datasets):
 
 
 def warm_up(model_path, tokenizer, task, script_args, training_args):
-    """The workspace family's format warm-up of `model_path` (examples rendered with `tokenizer`'s chat template):
+    """The family's format warm-up of `model_path` (examples rendered with `tokenizer`'s chat template):
     `(checkpoint, report)`."""
-    examples = workspace_format_examples(tokenizer, script_args.warmup_samples, seed=training_args.seed)
+    examples = task.format_warmup_examples(tokenizer, script_args.warmup_samples, training_args.seed)
     path, seconds = script_args.build_warmup(model_path, examples, training_args)
     return path, {"model": path, "tasks": script_args.warmup_samples, "examples": len(examples), "seconds": seconds}
 
@@ -243,21 +237,12 @@ def heldout_lines(heldout):
     return lines
 
 
-# The model card's headline numbers per family (means over the run), after the learnable ratio and invalid rate.
-CARD_RESULTS = {
-    "arithmetic": {"solver accuracy": "solver/numeric_match_mean"},
-    "workspace": {"solver safety": "solver/safety_score_mean", "solver completion": "solver/completion_score_mean",
-                  "tool calls per episode": "workspace/tool_calls_per_episode"},
-    "code": {"solver accuracy": "solver/code_correct_mean", "buffer size": "task/buffer_size"},
-}
-
-
-def card_results(log_history, task_name, heldout=None):
+def card_results(log_history, task, heldout=None):
     """The model card's headline numbers: means over the run of the learnable ratio, proposal invalid rate and the
     family's solver metrics; the held-out accuracy before and after training, overall and per group."""
     results = {}
     for name, key in (("learnable ratio", "unified_filter/learnable_ratio"), ("invalid proposals",
-                      "proposer/invalid_rate"), *CARD_RESULTS[task_name].items()):
+                      "proposer/invalid_rate"), *task.card_metrics.items()):
         values = [log[key] for log in log_history if isinstance(log.get(key), (int, float))]
         results[f"{name} (mean over steps)"] = sum(values) / len(values) if values else None
     for when, result in (heldout or {}).items():
@@ -325,7 +310,7 @@ def main(script_args, training_args, model_args):
             heldout["after"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "after")
             plot_heldout_accuracy(heldout, trainer.state.log_history, output_dir / "heldout_accuracy.png",
                                   title=f"Absolute Zero ({task.name}): held-out solver accuracy, before vs after")
-        curves = CURVES[task.name]
+        curves = list(task.learning_curves)
         plot_learning_curves(trainer.state.log_history, curves, output_dir / "learning_curves.png",
                              title=f"Absolute Zero self-play ({task.name}, per logging step)")
         steps = [log for log in trainer.state.log_history if "unified_filter/learnable_ratio" in log]
@@ -353,7 +338,7 @@ def main(script_args, training_args, model_args):
         print(time_summary(seconds))
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
     write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.self_play`)",
-                     card_results(trainer.state.log_history, task.name, heldout))
+                     card_results(trainer.state.log_history, task, heldout))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     return trainer.state.log_history
