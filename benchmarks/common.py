@@ -23,6 +23,7 @@ from trl_ext import default_model_path
 
 
 ROOT = Path(__file__).resolve().parent.parent
+RLCR_CPU_CONFIG = ROOT / "recipes" / "configs" / "rlcr_smollm2_cpu.yaml"  # the RLCR recipe's embedded default
 
 
 def load_model(path=None):
@@ -41,24 +42,26 @@ def load_recipe(name: str):
 
 
 def rlcr_cpu_run():
-    """`(recipe module, script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the
-    embedded default: its config parsed and its datasets built as the recipe does."""
+    """`(script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the embedded
+    default: its config parsed and its datasets built as the recipe does."""
     from trl_ext.recipe import with_default_config
+    from trl_ext.recipe.rlcr import RLCRScriptArguments, datasets_for
+    from trl_ext.trainers import RLCRMultiTurnConfig
 
-    recipe = load_recipe("rlcr")
-    parser = TrlParser((recipe.RLCRScriptArguments, recipe.RLCRMultiTurnConfig, ModelConfig))
+    parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
     script_args, training_args, _ = parser.parse_args_and_config(
-        args=with_default_config(["--output_dir", tempfile.mkdtemp()], recipe.DEFAULT_CONFIG))
-    return (recipe, script_args, training_args, *recipe.datasets_for(script_args, training_args))
+        args=with_default_config(["--output_dir", tempfile.mkdtemp()], RLCR_CPU_CONFIG))
+    return (script_args, training_args, *datasets_for(script_args, training_args))
 
 
 def rlcr_cpu_warmup() -> tuple[str, str]:
     """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default, built (once, cached)
     exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
     from trl_ext.recipe import resolve_model
+    from trl_ext.recipe.rlcr import warm_up
 
-    recipe, script_args, training_args, train, _ = rlcr_cpu_run()
-    path, _, _ = recipe.warm_up(resolve_model(None), train, script_args, training_args)
+    script_args, training_args, train, _ = rlcr_cpu_run()
+    path, _, _ = warm_up(resolve_model(None), train, script_args, training_args)
     return path, script_args.system_prompt
 
 
