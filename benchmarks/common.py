@@ -5,11 +5,9 @@ configuration alike."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -30,15 +28,6 @@ def load_model(path=None):
     """A checkpoint (default: the embedded SmolLM2-135M-Instruct), float32, with its tokenizer."""
     path = path or default_model_path()
     return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
-
-
-def load_recipe(name: str):
-    """`recipes/<name>.py` as a module (the recipes are scripts, not part of the package)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_recipe", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def rlcr_cpu_run():
