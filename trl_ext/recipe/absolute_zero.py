@@ -197,6 +197,8 @@ def card_results(log_history, task, heldout=None):
 
 
 def main(script_args, training_args, model_args):
+    """`recipes/absolute_zero.py`: build the task family and trainer, evaluate the held-out solver questions, self-play,
+    evaluate again, and report (metrics.json, plots, model card); returns the training log."""
     started = time.monotonic()
     task = build_task(script_args)
     questions = heldout_set(task, script_args, training_args.seed)

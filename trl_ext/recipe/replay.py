@@ -64,6 +64,7 @@ def card_results(steps, experience):
 
 
 def main(script_args, training_args, model_args):
+    """`recipes/replay_grpo.py`: build the data and trainer, train, and report (metrics.json, plots, model card)."""
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model(model_args.model_name_or_path)

@@ -147,6 +147,8 @@ def summary(report, output_dir, seconds):
 
 
 def main(script_args, training_args, model_args):
+    """`recipes/rlcr.py`: evaluate only (`--eval_only`), or warm up, evaluate, train, evaluate again and report
+    (metrics.json, reliability diagrams, learning curves, model card)."""
     started = time.monotonic()
     seconds = {}
     output_dir = Path(training_args.output_dir)
