@@ -2,9 +2,7 @@
 inputs and answers of tests/scripts/absolute_zero_code_ranks.py; held-out answers right on deduction, wrong on
 abduction), checked in the real sandbox; and the code configs."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,21 +12,13 @@ from trl_ext.recipe import absolute_zero
 from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments, build_task
 from trl_ext.self_play import code_reasoning_task
 from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
-from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, tiny_checkpoint
+from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, load_script, tiny_checkpoint
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 ROOT = Path(__file__).parent.parent
 CPU_CONFIG = ROOT / "recipes/configs/absolute_zero_code_smollm2_cpu.yaml"
 GPU_CONFIG = ROOT / "recipes/configs/absolute_zero_code_qwen2.5_coder.yaml"
-
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def heldout_answers(questions):
@@ -49,7 +39,7 @@ def heldout_answers(questions):
 def test_code_self_play_end_to_end(tmp_path, monkeypatch, capsys):
     from trl import ModelConfig, TrlParser
 
-    scenario = load("absolute_zero_code_ranks", ROOT / "tests/scripts/absolute_zero_code_ranks.py")
+    scenario = load_script(ROOT / "tests/scripts/absolute_zero_code_ranks.py")
     questions = code_reasoning_task().heldout_questions(None, 42)  # the config's seed
 
     class ScriptedTrainer(AbsoluteZeroTrainer):
