@@ -33,7 +33,6 @@ from common import (
     fixed_length,
     interleaved_step_times,
     load_model,
-    load_recipe,
     machine_load,
     plot_step_times,
     summarize,
@@ -41,6 +40,8 @@ from common import (
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
 from trl_ext.recipe import plot_learning_curves, write_json
+from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments
+from trl_ext.recipe.absolute_zero import main as absolute_zero_main
 from trl_ext.self_play import arithmetic_task
 from trl_ext.self_play.arithmetic import seed_prompts
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
@@ -117,14 +118,13 @@ def results_name(task: str, part: str) -> str:
 
 
 def curves(steps: int | None, task: str) -> dict:
-    recipe = load_recipe("absolute_zero")
     output_dir = Path(tempfile.mkdtemp())
     argv = ["--config", str(ROOT / "recipes" / "configs" / CPU_CONFIGS[task]), "--output_dir", str(output_dir)]
     argv += ["--max_steps", str(steps)] if steps is not None else []
-    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+    parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
-    log = recipe.main(script_args, training_args, model_args)
+    log = absolute_zero_main(script_args, training_args, model_args)
     keys = ["generation/calls", "generation/proposer_tokens", "generation/solver_tokens",
             "unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/invalid_rate",
             SOLVER_ACCURACY[task], "step_time"]

@@ -5,11 +5,9 @@ configuration alike."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import random
 import statistics
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -23,6 +21,7 @@ from trl_ext import default_model_path
 
 
 ROOT = Path(__file__).resolve().parent.parent
+RLCR_CPU_CONFIG = ROOT / "recipes" / "configs" / "rlcr_smollm2_cpu.yaml"  # the RLCR recipe's embedded default
 
 
 def load_model(path=None):
@@ -31,34 +30,27 @@ def load_model(path=None):
     return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
 
 
-def load_recipe(name: str):
-    """`recipes/<name>.py` as a module (the recipes are scripts, not part of the package)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_recipe", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def rlcr_cpu_run():
-    """`(recipe module, script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the
-    embedded default: its config parsed and its datasets built as the recipe does."""
+    """`(script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the embedded
+    default: its config parsed and its datasets built as the recipe does."""
     from trl_ext.recipe import with_default_config
+    from trl_ext.recipe.rlcr import RLCRScriptArguments, datasets_for
+    from trl_ext.trainers import RLCRMultiTurnConfig
 
-    recipe = load_recipe("rlcr")
-    parser = TrlParser((recipe.RLCRScriptArguments, recipe.RLCRMultiTurnConfig, ModelConfig))
+    parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
     script_args, training_args, _ = parser.parse_args_and_config(
-        args=with_default_config(["--output_dir", tempfile.mkdtemp()], recipe.DEFAULT_CONFIG))
-    return (recipe, script_args, training_args, *recipe.datasets_for(script_args, training_args))
+        args=with_default_config(["--output_dir", tempfile.mkdtemp()], RLCR_CPU_CONFIG))
+    return (script_args, training_args, *datasets_for(script_args, training_args))
 
 
 def rlcr_cpu_warmup() -> tuple[str, str]:
     """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default, built (once, cached)
     exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
     from trl_ext.recipe import resolve_model
+    from trl_ext.recipe.rlcr import warm_up
 
-    recipe, script_args, training_args, train, _ = rlcr_cpu_run()
-    path, _, _ = recipe.warm_up(resolve_model(None), train, script_args, training_args)
+    script_args, training_args, train, _ = rlcr_cpu_run()
+    path, _, _ = warm_up(resolve_model(None), train, script_args, training_args)
     return path, script_args.system_prompt
 
 

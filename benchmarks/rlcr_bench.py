@@ -182,7 +182,7 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     one format warm-up that teaches both formats, equal generated tokens per step, one pair of runs per seed."""
     from copy import deepcopy
 
-    _, script_args, base_args, train, evaluation = rlcr_cpu_run()
+    script_args, base_args, train, evaluation = rlcr_cpu_run()
     steps = steps or base_args.max_steps
     n = script_args.warmup_samples
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX

@@ -1,7 +1,6 @@
 """recipes/absolute_zero.py end to end with a tiny model on local seed prompts (LoRA), its held-out evaluation, and
 its default config."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,21 +12,15 @@ from datasets import Dataset
 
 from trl_ext.evaluation.solver import evaluate_solver
 from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
+from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments
+from trl_ext.recipe.self_play_heldout import heldout_set
 from trl_ext.self_play import arithmetic_task, workspace_task
 from trl_ext.self_play.arithmetic import heldout_questions
 from trl_ext.testing import tiny_checkpoint
+from trl_ext.trainers import AbsoluteZeroConfig
 
 
 ROOT = Path(__file__).parent.parent
-
-
-@pytest.fixture(scope="module")
-def recipe():
-    spec = importlib.util.spec_from_file_location("absolute_zero_recipe_az", ROOT / "recipes" / "absolute_zero.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_seed_prompts_need_no_answer_column(tmp_path):
@@ -100,10 +93,10 @@ def test_recipe_end_to_end_on_local_seeds(tmp_path):
     assert again.rows == json.loads((out / "heldout_after.json").read_text())["rows"]
 
 
-def test_heldout_size(recipe, tmp_path):
+def test_heldout_size(tmp_path):
     from trl import ModelConfig, TrlParser
 
-    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+    parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
 
     def script_args(*flags):
         return parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false",
@@ -111,10 +104,10 @@ def test_heldout_size(recipe, tmp_path):
 
     with pytest.raises(ValueError, match="--heldout_size must be 0"):
         script_args("--heldout_size", "-1")
-    assert recipe.heldout_set(arithmetic_task(), script_args(), 0) == heldout_questions(50, 0)  # the default
-    assert recipe.heldout_set(arithmetic_task(), script_args("--heldout_size", "0"), 0) is None
+    assert heldout_set(arithmetic_task(), script_args(), 0) == heldout_questions(50, 0)  # the default
+    assert heldout_set(arithmetic_task(), script_args("--heldout_size", "0"), 0) is None
     with pytest.raises(ValueError, match="0 to 600"):
-        recipe.heldout_set(arithmetic_task(), script_args("--heldout_size", "601"), 0)
-    assert recipe.heldout_set(workspace_task(), script_args(), 0) is None
+        heldout_set(arithmetic_task(), script_args("--heldout_size", "601"), 0)
+    assert heldout_set(workspace_task(), script_args(), 0) is None
     with pytest.raises(ValueError, match="workspace family has no held-out evaluation"):
-        recipe.heldout_set(workspace_task(), script_args("--heldout_size", "5"), 0)
+        heldout_set(workspace_task(), script_args("--heldout_size", "5"), 0)

@@ -2,35 +2,23 @@
 inputs and answers of tests/scripts/absolute_zero_code_ranks.py; held-out answers right on deduction, wrong on
 abduction), checked in the real sandbox; and the code configs."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from trl_ext.recipe import absolute_zero
+from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments, build_task
 from trl_ext.self_play import code_reasoning_task
 from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
-from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, tiny_checkpoint
+from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, load_script, tiny_checkpoint
+from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 ROOT = Path(__file__).parent.parent
 CPU_CONFIG = ROOT / "recipes/configs/absolute_zero_code_smollm2_cpu.yaml"
 GPU_CONFIG = ROOT / "recipes/configs/absolute_zero_code_qwen2.5_coder.yaml"
-
-
-def load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def recipe():
-    return load("absolute_zero_recipe_code", ROOT / "recipes" / "absolute_zero.py")
 
 
 def heldout_answers(questions):
@@ -48,28 +36,28 @@ def heldout_answers(questions):
 
 
 @pytest.mark.slow
-def test_code_self_play_end_to_end(recipe, tmp_path, monkeypatch, capsys):
+def test_code_self_play_end_to_end(tmp_path, monkeypatch, capsys):
     from trl import ModelConfig, TrlParser
 
-    scenario = load("absolute_zero_code_ranks", ROOT / "tests/scripts/absolute_zero_code_ranks.py")
+    scenario = load_script(ROOT / "tests/scripts/absolute_zero_code_ranks.py")
     questions = code_reasoning_task().heldout_questions(None, 42)  # the config's seed
 
-    class ScriptedTrainer(recipe.AbsoluteZeroTrainer):
+    class ScriptedTrainer(AbsoluteZeroTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             ScriptedGeneration(self, scenario.script).__enter__()
             ScriptedModelGenerate(self.model, self.processing_class, heldout_answers(questions)).__enter__()
 
-    monkeypatch.setattr(recipe, "AbsoluteZeroTrainer", ScriptedTrainer)
+    monkeypatch.setattr(absolute_zero, "AbsoluteZeroTrainer", ScriptedTrainer)
     out = tmp_path / "out"
     # 48 solver tokens hold every held-out answer (the scripted self-play completions do not depend on it).
     argv = ["--config", str(CPU_CONFIG), "--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"),
             "--output_dir", str(out), "--max_steps", "2", "--max_question_length", "8",
             "--max_completion_length", "48"]
-    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+    parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
-    recipe.main(script_args, training_args, model_args)
+    absolute_zero.main(script_args, training_args, model_args)
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "code" and (out / "learning_curves.png").is_file()
@@ -114,12 +102,12 @@ def test_code_configs():
     assert gpu["use_vllm"] and gpu["vllm_mode"] == "server"
 
 
-def test_code_switch(recipe, tmp_path):
+def test_code_switch(tmp_path):
     from trl import ModelConfig, TrlParser
 
-    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+    parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
     args, _, _ = parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false",
                                                     "--task", "code", "--num_references", "3",
                                                     "--sandbox_timeout_s", "2"])
-    task = recipe.build_task(args)
+    task = build_task(args)
     assert task.name == "code" and task.state.num_references == 3 and task.state.limits["timeout_s"] == 2

@@ -1,18 +1,15 @@
 """The code family against the real sandbox: gold outputs, the determinism check, limits and hostile proposals and
 answers, each task type's scoring by execution, and one self-play step."""
 
-import importlib.util
 from pathlib import Path
 
 from trl_ext.self_play.code_reasoning import ZERO_TRIPLET, CodeTaskState, code_reasoning_task, make_proposal_parser
-from trl_ext.testing import ScriptedGeneration
+from trl_ext.testing import ScriptedGeneration, load_script
 
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = Path(__file__).parent / "scripts" / "absolute_zero_code_ranks.py"
-spec = importlib.util.spec_from_file_location("absolute_zero_code_ranks", SCRIPT)
-scenario = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(scenario)
+scenario = load_script(SCRIPT)
 
 SORT = "def f(xs, k):\n    return sorted(xs)[:k]"
 DOUBLE = "def f(n):\n    return n * 2"

@@ -6,20 +6,17 @@ valid; the invalid ones: no code, a clock-reading program that fails the determi
 responses, one right and one wrong.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
-from trl_ext.testing import BatchRecorder, ScriptedGeneration, run_torchrun
+from trl_ext.testing import BatchRecorder, ScriptedGeneration, load_script, run_torchrun
 from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
 
 
 SCRIPT = Path(__file__).parent / "scripts" / "absolute_zero_code_ranks.py"
-spec = importlib.util.spec_from_file_location("absolute_zero_code_ranks", SCRIPT)
-scenario = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(scenario)
+scenario = load_script(SCRIPT)
 
 SORT_TRIPLET = {"program": scenario.SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
 DOUBLE_TRIPLET = {"program": scenario.DOUBLE, "input": "21", "output": "42"}

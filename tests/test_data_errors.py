@@ -2,11 +2,9 @@
 empty datasets and malformed files fail with clear errors, plain-text prompts keep the system prompt."""
 
 import functools
-import importlib.util
 import json
 import logging
 import math
-import sys
 from pathlib import Path
 
 import datasets
@@ -14,8 +12,10 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset
+from trl_ext.recipe import RecipeScriptArguments, load_recipe_dataset, run_recipe
 from trl_ext.recipe import data as recipe_data
+from trl_ext.recipe.replay import ReplayScriptArguments
+from trl_ext.recipe.replay import main as replay_main
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.rewards.user_calls import UserCallGuard
 from trl_ext.self_play import arithmetic_task
@@ -126,28 +126,19 @@ def test_empty_datasets_fail_clearly(tmp_path):
         load_recipe_dataset(RecipeScriptArguments(dataset_path=no_questions), None)
 
 
-def load_recipe(name):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_replay_recipe_on_an_empty_file_fails_and_saves_no_model(tmp_path):
     """It used to train on nothing, exit 0 and save the untrained model. Driven in-process, with flags that would
     keep a run short if it were to train anyway."""
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     out = tmp_path / "out"
-    replay = load_recipe("replay_grpo")
     argv = ["--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"), "--dataset_path", str(empty),
             "--output_dir", str(out), "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--max_steps",
             "1", "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "4",
             "--save_strategy", "no"]
     with pytest.raises(ValueError, match=r"--dataset_path .*empty\.jsonl: the file is empty"):
-        replay.run_recipe(replay.main, replay.ReplayScriptArguments, replay.ReplayGRPOConfig, replay.DEFAULT_CONFIG,
-                          argv=argv)
+        run_recipe(replay_main, ReplayScriptArguments, ReplayGRPOConfig,
+                   ROOT / "recipes/configs/replay_grpo_smollm2_cpu.yaml", argv=argv)
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) if out.exists() else []
     assert written == []  # no weights, config, metrics or card
 

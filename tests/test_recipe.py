@@ -18,6 +18,7 @@ from trl_ext.recipe import (
     with_default_config,
     write_json,
 )
+from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
 from trl_ext.testing import tiny_checkpoint
 
 
@@ -144,29 +145,18 @@ def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
     assert "Training data: the local file `data.csv`." in card and "| replay buffer trajectories |" in card
 
 
-def _rlcr_recipe():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("rlcr_recipe", ROOT / "recipes" / "rlcr.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("flag, value", [("warmup_samples", -1), ("warmup_learning_rate", 0.0),
                                          ("warmup_epochs", 0.0), ("warmup_batch_size", 0)])
 def test_warmup_flags_are_validated(flag, value):
     with pytest.raises(ValueError, match=f"--{flag} must"):
-        _rlcr_recipe().RLCRScriptArguments(**{flag: value})
+        RLCRScriptArguments(**{flag: value})
 
 
 def test_warmup_needs_rows_left_for_rl():
-    recipe = _rlcr_recipe()
     train = graded_arithmetic(5, seed=0)
-    args = recipe.RLCRScriptArguments(warmup_samples=5)
+    args = RLCRScriptArguments(warmup_samples=5)
     with pytest.raises(ValueError, match="--warmup_samples 5 leaves no rows"):
-        recipe.warm_up("unused", train, args, None)
+        warm_up("unused", train, args, None)
 
 
 @pytest.mark.slow

@@ -12,8 +12,11 @@ import pytest
 import yaml
 from datasets import Dataset
 
-from trl_ext import RLCRMultiTurnConfig
+from trl_ext import AbsoluteZeroConfig, ReplayGRPOConfig, RLCRMultiTurnConfig
 from trl_ext.recipe import cpu_fallback
+from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments
+from trl_ext.recipe.replay import ReplayScriptArguments
+from trl_ext.recipe.rlcr import RLCRScriptArguments
 from trl_ext.testing import tiny_checkpoint
 
 
@@ -49,23 +52,17 @@ def test_recipe_configs_use_no_deprecated_key():
         assert "gradient_checkpointing" not in path.read_text(), path.name
 
 
-@pytest.mark.parametrize("recipe, script_args", [
-    ("rlcr", "RLCRScriptArguments"), ("replay_grpo", "ReplayScriptArguments"),
-    ("absolute_zero", "AbsoluteZeroScriptArguments"),
+@pytest.mark.parametrize("recipe, script_args, config", [
+    ("rlcr", RLCRScriptArguments, RLCRMultiTurnConfig), ("replay_grpo", ReplayScriptArguments, ReplayGRPOConfig),
+    ("absolute_zero", AbsoluteZeroScriptArguments, AbsoluteZeroConfig),
 ])
-def test_recipe_configs_name_only_known_fields(recipe, script_args):
+def test_recipe_configs_name_only_known_fields(recipe, script_args, config):
     """A misspelt or removed key would fail only on the GPU node the config is written for."""
     import dataclasses
-    import importlib.util
 
     from trl import ModelConfig
 
-    spec = importlib.util.spec_from_file_location(f"recipe_{recipe}", ROOT / "recipes" / f"{recipe}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    spec.loader.exec_module(module)
-    config_cls = next(v for k, v in vars(module).items() if k.endswith("Config") and dataclasses.is_dataclass(v))
-    known = {f.name for cls in (getattr(module, script_args), config_cls, ModelConfig) for f in dataclasses.fields(cls)}
+    known = {f.name for cls in (script_args, config, ModelConfig) for f in dataclasses.fields(cls)}
     for path in sorted((ROOT / "recipes/configs").glob(f"{recipe}_*.yaml")):
         assert set(yaml.safe_load(path.read_text())) - known == set(), path.name
 

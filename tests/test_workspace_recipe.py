@@ -2,16 +2,16 @@
 configs, tool calls in the template's format), so TRL's tool loop runs real episodes in WorkspaceEnvironment; and the
 recipe's family/judge switches and the workspace CPU config."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from trl_ext.recipe import with_default_config
+from trl_ext.recipe import absolute_zero, with_default_config
+from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments, build_task, seed_datasets, warm_up
 from trl_ext.testing import ScriptedGeneration, tiny_checkpoint, tool_call_text
+from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 ROOT = Path(__file__).parent.parent
@@ -21,19 +21,10 @@ NOT_LEARNABLE = {"instruction": "Create todo.txt.", "files": {"notes.txt": "buy 
                  "goal": {"type": "file_exists", "path": "todo.txt"}}
 
 
-@pytest.fixture(scope="module")
-def recipe():
-    spec = importlib.util.spec_from_file_location("absolute_zero_recipe", ROOT / "recipes" / "absolute_zero.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def parse(recipe, argv):
+def parse(argv):
     from trl import ModelConfig, TrlParser
 
-    parser = TrlParser((recipe.AbsoluteZeroScriptArguments, recipe.AbsoluteZeroConfig, ModelConfig))
+    parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
     return parser.parse_args_and_config(args=argv)
 
 
@@ -50,13 +41,13 @@ def script(text, k):
 
 
 @pytest.mark.slow
-def test_workspace_self_play_end_to_end(recipe, tmp_path, monkeypatch):
-    class ScriptedTrainer(recipe.AbsoluteZeroTrainer):
+def test_workspace_self_play_end_to_end(tmp_path, monkeypatch):
+    class ScriptedTrainer(AbsoluteZeroTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             ScriptedGeneration(self, script).__enter__()
 
-    monkeypatch.setattr(recipe, "AbsoluteZeroTrainer", ScriptedTrainer)
+    monkeypatch.setattr(absolute_zero, "AbsoluteZeroTrainer", ScriptedTrainer)
     monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     argv = ["--config", str(ROOT / "recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml"),
@@ -64,9 +55,9 @@ def test_workspace_self_play_end_to_end(recipe, tmp_path, monkeypatch):
             "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
             "--num_questions_per_prompt", "2", "--max_question_length", "96", "--max_completion_length", "128",
             "--lenient_parsing", "false", "--warmup_samples", "2", "--warmup_batch_size", "2"]
-    script_args, training_args, model_args = parse(recipe, argv)
+    script_args, training_args, model_args = parse(argv)
     training_args.disable_tqdm = True
-    recipe.main(script_args, training_args, model_args)
+    absolute_zero.main(script_args, training_args, model_args)
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "workspace" and (out / "learning_curves.png").is_file()
@@ -88,49 +79,49 @@ def test_workspace_self_play_end_to_end(recipe, tmp_path, monkeypatch):
     assert "solver safety (mean over steps)" in (out / "README.md").read_text()
 
 
-def test_family_and_judge_switches(recipe, tmp_path):
+def test_family_and_judge_switches(tmp_path):
     base = ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false"]
-    args, _, _ = parse(recipe, [*base, "--task", "workspace"])
-    assert recipe.build_task(args).name == "workspace"
-    args, _, _ = parse(recipe, [*base, "--task", "workspace", "--completion_evaluator", "llm",
+    args, _, _ = parse([*base, "--task", "workspace"])
+    assert build_task(args).name == "workspace"
+    args, _, _ = parse([*base, "--task", "workspace", "--completion_evaluator", "llm",
                                 "--judge_base_url", "http://127.0.0.1:9/v1", "--judge_model", "judge"])
-    judge = recipe.build_task(args).reward_funcs[1]
+    judge = build_task(args).reward_funcs[1]
     assert type(judge).__name__ == "LLMJudge" and judge.__name__ == "completion_score"
-    args, _, _ = parse(recipe, [*base, "--task", "workspace", "--completion_evaluator", "llm"])
+    args, _, _ = parse([*base, "--task", "workspace", "--completion_evaluator", "llm"])
     with pytest.raises(ValueError, match="--judge_base_url"):
-        recipe.build_task(args)
-    args, _, _ = parse(recipe, [*base, "--completion_evaluator", "llm"])
+        build_task(args)
+    args, _, _ = parse([*base, "--completion_evaluator", "llm"])
     with pytest.raises(ValueError, match="workspace only"):
-        recipe.build_task(args)
+        build_task(args)
 
 
-def test_warmup_is_for_the_workspace_family(recipe, tmp_path):
-    args, training_args, _ = parse(recipe, ["--output_dir", str(tmp_path), "--use_cpu", "--warmup_samples", "4"])
+def test_warmup_is_for_the_workspace_family(tmp_path):
+    args, training_args, _ = parse(["--output_dir", str(tmp_path), "--use_cpu", "--warmup_samples", "4"])
     with pytest.raises(ValueError, match="the arithmetic family has no format warm-up"):
-        recipe.warm_up("unused", None, recipe.build_task(args), args, training_args)
+        warm_up("unused", None, build_task(args), args, training_args)
     with pytest.raises(ValueError, match="--warmup_batch_size must be at least 1"):
-        recipe.AbsoluteZeroScriptArguments(warmup_batch_size=0)
+        AbsoluteZeroScriptArguments(warmup_batch_size=0)
 
 
-def test_tool_template_needs_system_messages(recipe, tmp_path):
+def test_tool_template_needs_system_messages(tmp_path):
     # TRL's Qwen2.5 template gives a conversation without a system message Qwen's default one.
     seeds = tmp_path / "seeds.jsonl"
     seeds.write_text(json.dumps({"seed": json.dumps(LEARNABLE)}) + "\n")
     base = ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", "--num_eval_samples", "0"]
-    args, training_args, _ = parse(recipe, [*base, "--task", "workspace"])
-    train, _ = recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+    args, training_args, _ = parse([*base, "--task", "workspace"])
+    train, _ = seed_datasets(args, training_args, build_task(args), tool_template=True)
     assert train[0]["prompt"][0]["role"] == "system"  # the family's seeds
-    args, training_args, _ = parse(recipe, [*base, "--task", "workspace", "--dataset_path", str(seeds),
+    args, training_args, _ = parse([*base, "--task", "workspace", "--dataset_path", str(seeds),
                                             "--question_column", "seed"])
     with pytest.raises(ValueError, match="seed prompt 0 has no system message.*--system_prompt"):
-        recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
-    assert recipe.seed_datasets(args, training_args, recipe.build_task(args))[0].num_rows == 1  # no template: fine
+        seed_datasets(args, training_args, build_task(args), tool_template=True)
+    assert seed_datasets(args, training_args, build_task(args))[0].num_rows == 1  # no template: fine
     args.system_prompt = "Write workspace tasks."
-    train, _ = recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+    train, _ = seed_datasets(args, training_args, build_task(args), tool_template=True)
     assert train[0]["prompt"][0] == {"role": "system", "content": "Write workspace tasks."}
-    args, training_args, _ = parse(recipe, [*base, "--task", "arithmetic"])
+    args, training_args, _ = parse([*base, "--task", "arithmetic"])
     with pytest.raises(ValueError, match="arithmetic family has none"):
-        recipe.seed_datasets(args, training_args, recipe.build_task(args), tool_template=True)
+        seed_datasets(args, training_args, build_task(args), tool_template=True)
 
 
 def test_workspace_cpu_config_is_bounded():

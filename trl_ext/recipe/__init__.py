@@ -1,4 +1,5 @@
-"""What the recipes in `recipes/` share: the command line and its defaults, data loading, and outputs.
+"""The recipes in `recipes/`: what they share (the command line and its defaults, data loading, outputs) here, and
+each recipe's flags, steps and `main` in `rlcr`, `replay` and `absolute_zero` (with `self_play_heldout`).
 
 A recipe runs in TRL's idiom, `TrlParser((ScriptArguments, <Config>, ModelConfig))` with `--config <yaml>`; with no
 model and no config it runs the embedded default on CPU from a YAML shipped next to the recipe.

@@ -268,4 +268,7 @@ def arithmetic_task(lenient: bool = False) -> TaskFamily:
         reward_weights=[1.0, 0.5],
         heldout_questions=heldout_questions,
         heldout_breakdown="level",
+        learning_curves=("unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean",
+                         "solver/numeric_match_mean"),
+        card_metrics={"solver accuracy": "solver/numeric_match_mean"},
     )

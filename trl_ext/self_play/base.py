@@ -14,7 +14,7 @@ import json
 import random
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,12 @@ class TaskFamily:
             fields a validated proposal has (gold included) plus `heldout_breakdown`. `None`: the family has no
             held-out evaluation (the workspace family, whose solver needs TRL's tool loop).
         heldout_breakdown: The question field the held-out accuracy is broken down by (`level`, `task_type`).
+        learning_curves: Logged metrics a run plots per step (the recipe's `learning_curves.png`), the family's
+            solver rewards among them (`solver/<reward>_mean`).
+        card_metrics: The model card's headline numbers of the family: `{label: logged metric}`, each reported as its
+            mean over the run (next to the learnable ratio and invalid rate every family logs).
+        format_warmup_examples: `f(tokenizer, n, seed) -> examples` for a supervised format warm-up before self-play
+            (`n` generated tasks; see [`~trl_ext.models.warmup.format_warmup`]), or `None`: the family has none.
     """
 
     name: str
@@ -67,6 +73,9 @@ class TaskFamily:
     state: TaskState | None = None
     heldout_questions: Callable[[int | None, int], list[dict[str, Any]]] | None = None
     heldout_breakdown: str | None = None
+    learning_curves: Sequence[str] = ("unified_filter/learnable_ratio", "proposer/reward_mean")
+    card_metrics: Mapping[str, str] = field(default_factory=dict)
+    format_warmup_examples: Callable[[Any, int, int], list[dict]] | None = None
 
 
 class TaskState:

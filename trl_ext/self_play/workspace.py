@@ -227,4 +227,16 @@ def workspace_task(lenient: bool = False, completion_evaluator: str = "rule", ju
         learnability_criteria=[dict(c) for c in WORKSPACE_CRITERIA],
         reward_weights=REWARD_WEIGHTS,
         environment_factory=WorkspaceEnvironment,
+        learning_curves=("unified_filter/learnable_ratio", "solver/safety_score_mean", "solver/completion_score_mean",
+                         "workspace/tool_calls_per_episode"),
+        card_metrics={"solver safety": "solver/safety_score_mean", "solver completion": "solver/completion_score_mean",
+                      "tool calls per episode": "workspace/tool_calls_per_episode"},
+        format_warmup_examples=format_warmup_examples,
     )
+
+
+def format_warmup_examples(tokenizer, n: int, seed: int = 0) -> list[dict]:
+    """The family's format warm-up examples (see [`~trl_ext.models.workspace_warmup`])."""
+    from ..models.workspace_warmup import workspace_format_examples  # it builds on this module's prompts and parser
+
+    return workspace_format_examples(tokenizer, n, seed=seed)

@@ -6,14 +6,22 @@
 - `scripted`: replace generation (a trainer's, or `model.generate`) by a function of the prompt, and record the
   batches a trainer builds.
 - `multiprocess`: run a script under `torchrun --nproc_per_node N` (gloo on CPU) and collect each rank's
-  results; `gloo_sharded_training` lets DeepSpeed and FSDP run across those processes.
+  results, or load it in-process (`load_script`); `gloo_sharded_training` lets DeepSpeed and FSDP run across those
+  processes.
 - `fake_executor`: a stand-in for the sandbox's `execute_many` that answers from hand-written functions.
 - `vllm_server`: a loopback OpenAI-compatible server, and TRL's real vLLM server-mode client pointed at it.
 """
 
 from .config import cpu_test_args
 from .fake_executor import FakeExecutor
-from .multiprocess import RankResults, gloo_sharded_training, run_torchrun, weights_digest, write_rank_result
+from .multiprocess import (
+    RankResults,
+    gloo_sharded_training,
+    load_script,
+    run_torchrun,
+    weights_digest,
+    write_rank_result,
+)
 from .scripted import BatchRecorder, GenerationCall, ScriptedGeneration, ScriptedModelGenerate, tool_call_text
 from .tiny_model import (
     QWEN3_CHAT_TEMPLATES,
@@ -39,6 +47,7 @@ __all__ = [
     "changed_parameters",
     "cpu_test_args",
     "gloo_sharded_training",
+    "load_script",
     "run_torchrun",
     "snapshot_parameters",
     "tiny_causal_lm",

@@ -5,6 +5,7 @@ picks up its environment (RANK, WORLD_SIZE, ...) and the gloo backend on its own
 
 In the script:   write_rank_result({"weights_sha": ..., "metrics": ...})
 In the test:     results = run_torchrun("tests/scripts/train_two_steps.py", nproc=2)
+In-process:      scenario = load_script("tests/scripts/train_two_steps.py")  # share its setup with other tests
 
 DeepSpeed and FSDP across CPU processes need [`gloo_sharded_training`] in the script (test-only).
 """
@@ -12,6 +13,7 @@ DeepSpeed and FSDP across CPU processes need [`gloo_sharded_training`] in the sc
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +21,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 
 RESULTS_ENV = "TRL_EXT_RANK_RESULTS_DIR"
@@ -53,6 +56,16 @@ def write_rank_result(result: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(path)
+
+
+def load_script(path: str | os.PathLike) -> ModuleType:
+    """The script at `path` (outside any package) imported as a module named after its file, without running its
+    `if __name__ == "__main__"` part, so that in-process tests share its setup with its torchrun runs."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses defined in it look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_torchrun(

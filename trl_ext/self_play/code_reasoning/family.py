@@ -318,4 +318,7 @@ def code_reasoning_task(lenient: bool = False, **state_kwargs) -> TaskFamily:
         state=state,
         heldout_questions=make_heldout_questions(state.validate),
         heldout_breakdown="task_type",
+        learning_curves=("proposer/invalid_rate", "unified_filter/learnable_ratio", "solver/code_correct_mean",
+                         "task/buffer_size"),
+        card_metrics={"solver accuracy": "solver/code_correct_mean", "buffer size": "task/buffer_size"},
     )

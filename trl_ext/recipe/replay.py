@@ -1,0 +1,112 @@
+"""The replay GRPO recipe (`recipes/replay_grpo.py`): its flags, per-step summary, model-card numbers and `main`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoTokenizer
+from trl import get_peft_config
+
+from ..data import graded_arithmetic
+from ..data.graded_arithmetic import ANSWER_FORMAT
+from ..rewards import make_accuracy_reward, make_format_reward
+from ..trainers import ReplayGRPOTrainer
+from .cli import RecipeScriptArguments, resolve_model
+from .data import load_recipe_dataset
+from .outputs import plot_learning_curves, save_final_model, write_json, write_model_card
+
+
+# What learning_curves.png shows, per step.
+CURVES = [
+    "replay/solve_rate",
+    "replay/offpolicy_token_ratio",
+    "replay/importance_ratio_mean",
+    "replay/buffer_trajectories",
+]
+
+
+@dataclass
+class ReplayScriptArguments(RecipeScriptArguments):
+    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags.
+
+    Parameters:
+        lenient_parsing (`bool`, *optional*, defaults to `False`):
+            Score an untagged final number as the answer (small models often drop the `<answer>` tag).
+        format_weight (`float`, *optional*, defaults to `0.5`):
+            Weight of the format reward next to accuracy (weight 1). Success, for the buffer, is accuracy alone.
+    """
+
+    lenient_parsing: bool = field(default=False, metadata={"help": "Read untagged final numbers as answers."})
+    format_weight: float = field(default=0.5, metadata={"help": "Weight of the format reward (accuracy has 1)."})
+
+
+def summarize(log_history):
+    """One row per training step with the figures the plots show. Accuracy counts fresh rollouts only: replayed
+    rows are stored successes and would inflate it."""
+    keys = {"accuracy": "replay/solve_rate", "replay_groups": "replay/replay_groups",
+            "offpolicy_token_ratio": "replay/offpolicy_token_ratio", "importance_ratio": "replay/importance_ratio_mean",
+            "buffer_trajectories": "replay/buffer_trajectories", "buffer_bytes": "replay/buffer_bytes",
+            "fresh_tokens": "replay/fresh_tokens"}
+    return [{"step": log["step"], **{name: log.get(key) for name, key in keys.items()}}
+            for log in log_history if "replay/solve_rate" in log]
+
+
+def card_results(steps, experience):
+    """The model card's headline numbers: fresh-rollout accuracy over the first and last quarter of the steps, and
+    what the buffer holds at the end."""
+    accuracy = [s["accuracy"] for s in steps if s["accuracy"] is not None]
+    quarter = max(1, len(accuracy) // 4)
+    first, last = accuracy[:quarter], accuracy[-quarter:]
+    return {"accuracy, first quarter of steps": sum(first) / len(first) if first else None,
+            "accuracy, last quarter of steps": sum(last) / len(last) if last else None,
+            "replay buffer trajectories": experience.num_trajectories, "replay buffer tasks": experience.num_tasks}
+
+
+def main(script_args, training_args, model_args):
+    """`recipes/replay_grpo.py`: build the data and trainer, train, and report (metrics.json, plots, model card)."""
+    output_dir = Path(training_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    system_prompt = script_args.system_prompt or ANSWER_FORMAT
+    train, _ = load_recipe_dataset(script_args, system_prompt)
+    if train is None:
+        train = graded_arithmetic(script_args.num_train_samples or 500, seed=training_args.seed,
+                                  system_prompt=system_prompt)
+
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": model_args.dtype,
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
+    if training_args.reward_weights is None:
+        training_args.reward_weights = [1.0, script_args.format_weight]
+    trainer = ReplayGRPOTrainer(
+        model=model_path,
+        reward_funcs=[make_accuracy_reward(lenient=script_args.lenient_parsing), make_format_reward()],
+        args=training_args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    save_final_model(trainer, training_args.output_dir)
+
+    if trainer.accelerator.is_main_process:
+        steps = summarize(trainer.state.log_history)
+        plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
+                             title="Replay GRPO training (per logging step)")
+        write_json(output_dir / "metrics.json", {"model": model_path, "steps": steps,
+                                                 "train_log": trainer.state.log_history})
+        exp = trainer.experience
+        print(f"buffer: {exp.num_tasks} tasks, {exp.num_trajectories} trajectories, {exp.nbytes} bytes, "
+              f"{len(exp.retired)} retired; accuracy per step: "
+              + " ".join(f"{s['accuracy']:.2f}" for s in steps))
+        print(f"report and plots in {output_dir}")
+    write_model_card(trainer, script_args, "built-in graded arithmetic questions (`trl_ext.data.graded_arithmetic`)",
+                     card_results(summarize(trainer.state.log_history), trainer.experience))
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+

@@ -1,0 +1,227 @@
+"""The RLCR recipe (`recipes/rlcr.py`): its flags, data, calibration evaluation and report, and its `main`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import get_peft_config
+
+from ..data import graded_arithmetic
+from ..data.graded_arithmetic import ANSWER_FORMAT
+from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
+from ..evaluation.rlcr import evaluate_calibration
+from ..models.warmup import rlcr_format_examples
+from ..rewards.functions import is_missing
+from ..trainers import RLCRMultiTurnTrainer
+from .cli import FormatWarmupArguments, RecipeScriptArguments, resolve_model
+from .data import load_recipe_dataset
+from .outputs import (
+    parameters_sharded,
+    plot_learning_curves,
+    save_final_model,
+    time_summary,
+    write_json,
+    write_model_card,
+)
+
+
+# The model card's data line when no dataset is given.
+BUILTIN_DATA = "built-in graded arithmetic questions (`trl_ext.data.graded_arithmetic`)"
+# The plots the closing summary lists, with what each shows.
+PLOTS = {
+    "reliability_before_after.png": "reliability diagrams before and after RL (bars: accuracy of the answers in each "
+                                    "confidence bin; on the dashed diagonal, confidence = accuracy; lower panels: "
+                                    "how many answers stated each confidence)",
+    "learning_curves.png": "answer accuracy, Brier score, ECE and confidence parse failures of the sampled "
+                           "training batches, per step",
+}
+# What learning_curves.png shows: the sampled training batches' answers and confidences, per step.
+CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence/parse_fail_rate"]
+
+
+@dataclass
+class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
+    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags and
+    [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
+
+    Parameters:
+        eval_only (`bool`, *optional*, defaults to `False`):
+            Only evaluate `--model_name_or_path` (greedy answer + confidence) and write the calibration report.
+        rlcr_paper_metrics (`bool`, *optional*, defaults to `False`):
+            Also report ECE, Brier and AUROC in the RLCR paper's convention (a confidence on a bin edge in the upper
+            bin, unparsable confidences scored as 0), to compare with its numbers; ours are always reported.
+        warmup_samples (`int`, *optional*, defaults to `0`):
+            Rows taken off the start of the training set (never trained on by RL) for a short supervised format
+            warm-up before RL: TRL's `SFTTrainer` on the answer turn (`<answer>gold</answer>`) and the confidence turn
+            after it, with stated confidences drawn at random, independently of the question (see
+            [`~trl_ext.models.warmup`]), two examples per row. Built once per distinct inputs and cached like the embedded
+            default. 0 skips it.
+    """
+
+    eval_only: bool = field(default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."})
+    rlcr_paper_metrics: bool = field(
+        default=False,
+        metadata={"help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
+                          "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."},
+    )
+
+
+def datasets_for(script_args, training_args):
+    """`(train, evaluation)`: the given dataset, else the built-in graded arithmetic (disjoint seeds)."""
+    system_prompt = script_args.system_prompt or ANSWER_FORMAT
+    train, evaluation = load_recipe_dataset(script_args, system_prompt)
+    if train is None:
+        train = graded_arithmetic(script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt)
+        evaluation = graded_arithmetic(script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt)
+    return train, evaluation
+
+
+def evaluate_and_plot(model, tokenizer, evaluation, training_args, name, rlcr_paper_metrics=False):
+    """Greedy evaluation; writes `reliability_<name>.png` and every answer/confidence to `eval_<name>.json`."""
+    result = evaluate_calibration(model, tokenizer, evaluation, training_args, rlcr_paper_convention=rlcr_paper_metrics)
+    output_dir = Path(training_args.output_dir)
+    reliability_diagram(result.report, output_dir / f"reliability_{name}.png",
+                        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}")
+    write_json(output_dir / f"eval_{name}.json", result.rows)
+    return result
+
+
+def card_results(report):
+    """The model card's headline numbers: greedy accuracy and calibration before and after training."""
+    results = {}
+    for name in ("before", "after"):
+        if name in report:
+            r = report[name]
+            results.update({f"accuracy ({name})": r.accuracy, f"ECE ({name})": r.report.ece,
+                            f"Brier ({name})": r.report.brier, f"AUROC ({name})": r.report.auroc})
+    return results
+
+
+def _num(value):
+    """3 decimals; n/a when undefined (AUROC without both classes, any metric without a parsed confidence)."""
+    return "n/a" if value is None or value != value else f"{value:.3f}"
+
+
+def _paper_line(result):
+    r = result.paper_report
+    if r is None:
+        return ""
+    return f"\n        RLCR paper's convention: ECE {r.ece:.3f}  Brier {r.brier:.3f}  AUROC {_num(r.auroc)}"
+
+
+def warm_up(model_path, train, script_args, training_args):
+    """Take `warmup_samples` rows off `train` and return `(warmed-up checkpoint, the rest of train, its report)`."""
+    n = script_args.warmup_samples
+    rows = [row for row in train.select(range(min(n, len(train)))) if not is_missing(row["solution"])]
+    if len(train) <= n or not rows:
+        raise ValueError(
+            f"--warmup_samples {n} leaves no rows: the training set has {len(train)} rows ({len(rows)} of the first "
+            f"{n} with a gold answer). Lower --warmup_samples or give more data (--num_train_samples)."
+        )
+    examples = rlcr_format_examples(rows, training_args.confidence_prompt, seed=training_args.seed,
+                                    answer_tag=training_args.answer_tag, confidence_tag=training_args.confidence_tag)
+    path, seconds = script_args.build_warmup(model_path, examples, training_args)
+    return path, train.select(range(n, len(train))), {
+        "model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds}
+
+
+def summary(report, output_dir, seconds):
+    """What the run printed last: the evaluations side by side, the time, and where the plots are."""
+    names = {"base": "base model", "before": "before RL", "after": "after RL"}
+    if "warmup" in report:
+        names["before"] = "before RL (after the format warm-up)"
+    lines = []
+    for key, label in names.items():
+        if key in report:
+            r = report[key]
+            lines.append(f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
+                         f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
+                         f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}")
+    lines.append(time_summary(seconds))
+    lines.append(f"report and plots in {output_dir}:")
+    lines += [f"  {name}: {what}" for name, what in PLOTS.items() if (Path(output_dir) / name).is_file()]
+    return "\n".join(lines)
+
+
+def main(script_args, training_args, model_args):
+    """`recipes/rlcr.py`: evaluate only (`--eval_only`), or warm up, evaluate, train, evaluate again and report
+    (metrics.json, reliability diagrams, learning curves, model card)."""
+    started = time.monotonic()
+    seconds = {}
+    output_dir = Path(training_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    train, evaluation = datasets_for(script_args, training_args)
+    dtype = model_args.dtype
+
+    if script_args.eval_only:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
+        result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval", script_args.rlcr_paper_metrics)
+        write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
+        print(f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
+              f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}")
+        return
+
+    report = {"model": model_path}
+    if script_args.warmup_samples:
+        base_path = model_path
+        model_path, train, report["warmup"] = warm_up(model_path, train, script_args, training_args)
+        seconds["format warm-up"] = report["warmup"]["seconds"]
+
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": dtype,
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
+    trainer = RLCRMultiTurnTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    # Greedy evaluation runs on the main process; under ZeRO-3 and FSDP the other ranks hold shards it would need.
+    can_evaluate = evaluation is not None and not parameters_sharded(trainer)
+    if can_evaluate and trainer.accelerator.is_main_process:
+        clock = time.monotonic()
+        if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence
+            base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
+            report["base"] = evaluate_and_plot(base, tokenizer, evaluation, training_args, "base",
+                                               script_args.rlcr_paper_metrics)
+            del base
+        report["before"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "before",
+                                             script_args.rlcr_paper_metrics)
+        seconds["evaluation"] = time.monotonic() - clock
+    trainer.accelerator.wait_for_everyone()
+
+    clock = time.monotonic()
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    seconds["RL training"] = time.monotonic() - clock
+    save_final_model(trainer, training_args.output_dir)
+
+    if trainer.accelerator.is_main_process:
+        if can_evaluate:
+            clock = time.monotonic()
+            report["after"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "after",
+                                                script_args.rlcr_paper_metrics)
+            seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
+            plot_reliability_diagrams({k: report[k].report for k in ("before", "after")},
+                                      output_dir / "reliability_before_after.png", title="RLCR: before vs after RL")
+        plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
+                             title="RLCR training (per logging step)")
+        seconds["total"] = time.monotonic() - started
+        write_json(output_dir / "metrics.json", {
+            **{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in report.items()},
+            "seconds": seconds,
+            "train_log": trainer.state.log_history,
+        })
+        print(summary(report, output_dir, seconds))
+    write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
