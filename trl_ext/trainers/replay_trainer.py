@@ -139,7 +139,6 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
 
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
     checkpoint_state_name = "replay_state"
-    checkpoint_state_legacy_file = "replay_state.pt"  # written by earlier versions (torch.save)
     _name = "Replay GRPO"
     _paper = {
         "title": "ExGRPO: Learning to Reason from Experience",
