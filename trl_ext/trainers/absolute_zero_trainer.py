@@ -290,8 +290,8 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         Proposer rows (`inputs` None) are generated from `prompts` without tools; solver rows run as episodes of
         their input rows (`_episodes`)."""
         generation = self._generation["proposer" if inputs is None else "solver"]
-        with scoped_call(self, mode, prefix, max_new_tokens, generation, num_generations=num_generations,
-                         num_generations_eval=num_generations):
+        with scoped_call(self, mode=mode, prefix=prefix, max_new_tokens=max_new_tokens, generation=generation,
+                         num_generations=num_generations, num_generations_eval=num_generations):
             if inputs is None:
                 with scoped_call(self, **self._no_tools()):
                     output = self._generate(prompts)
@@ -524,9 +524,10 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
-        with scoped_call(self, mode, "proposer", num_generations=1, num_generations_eval=1, reward_func_names=["proposer"],
-                          reward_weights=torch.ones(1), multi_objective_aggregation="sum_then_normalize",
-                          _logs=_empty_logs()), self._replaying(rows, real.unsqueeze(1)):
+        with scoped_call(self, mode=mode, prefix="proposer", num_generations=1, num_generations_eval=1,
+                         reward_func_names=["proposer"], reward_weights=torch.ones(1),
+                         multi_objective_aggregation="sum_then_normalize", _logs=_empty_logs()), \
+                self._replaying(rows, real.unsqueeze(1)):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device
         batch["advantages"] = advantages[local].to(device)

@@ -287,7 +287,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         siblings = torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
         return scoped_call(
             self,
-            mode,
+            mode=mode,
             prefix="confidence",
             max_new_tokens=args.max_confidence_length,
             generation=self._generation["confidence"],
