@@ -107,7 +107,7 @@ def test_tool_episode_stored_and_replayed_with_its_tool_mask(tmp_path):
     # Rewards: the environment column keeps the recorded 1.0 (the instance TRL drew for this row was only reset),
     # the pure reward re-scores at the current step.
     counter, step_col = trainer.reward_func_names.index("Counter"), trainer.reward_func_names.index("step_number")
-    rewards = trainer._last_rewards_per_func
+    rewards = trainer._batch.rewards_per_func
     assert rewards[row, counter].item() == 1.0 and rewards[row, step_col].item() == 1.0
     fresh_a = row - 1  # the group's fresh row, scored live: it called no tool
     assert rewards[fresh_a, counter].item() == 0.0 and step1["exp_mask"][fresh_a].sum() == 0
@@ -153,7 +153,7 @@ def test_resume_with_tool_episodes_in_the_buffer(tmp_path):
     row = next(i for i in range(4) if step1["exp_mask"][i].any())
     n = saved.num_tokens
     assert step1["tool_mask"][row, :n].bool().tolist() == saved.tool_mask.tolist()
-    assert resumed._last_rewards_per_func[row, resumed.reward_func_names.index("Counter")].item() == 1.0
+    assert resumed._batch.rewards_per_func[row, resumed.reward_func_names.index("Counter")].item() == 1.0
 
 
 class Echo(Counter):

@@ -76,35 +76,6 @@ def test_unsupported_value_names_its_path(tmp_path):
         save_state(tmp_path, "s", {"examples": [{"when": datetime.date(2024, 1, 1)}]})
 
 
-def test_crafted_legacy_pickle_is_refused_without_running(tmp_path):
-    marker = tmp_path / "ran"
-    torch.save({"experience": RunsCommand(marker)}, tmp_path / "replay_state.pt")
-    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt was refused.*nothing in it was run"):
-        load_state(tmp_path, "replay_state", OWNER, legacy_file="replay_state.pt")
-    assert not marker.exists()
-
-
-def test_legacy_file_of_plain_tensors_and_containers_loads(tmp_path):
-    torch.save({"experience": {"rng": random.Random(1).getstate(), "ids": torch.ones(2)}, "replay_active": True},
-               tmp_path / "replay_state.pt")
-    state = load_state(tmp_path, "replay_state", OWNER, legacy_file="replay_state.pt")
-    assert state["replay_active"] is True and state["experience"]["ids"].tolist() == [1.0, 1.0]
-
-
-@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy-pickle"])
-@pytest.mark.parametrize("kept", [0.5, 10, -5], ids=["half", "first-bytes", "all-but-the-end"])
-def test_truncated_legacy_file_names_the_file(tmp_path, zip_format, kept):
-    """torch raises EOFError, RuntimeError, OSError or struct.error on a cut-off file, depending on where it ends."""
-    path = tmp_path / "replay_state.pt"
-    torch.save({"experience": {"ids": torch.ones(100)}, "replay_active": True}, path,
-               _use_new_zipfile_serialization=zip_format)
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * kept) if isinstance(kept, float) else kept])
-    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt was refused: .* or is truncated") as info:
-        load_state(tmp_path, "replay_state", OWNER, legacy_file="replay_state.pt")
-    assert str(path) in str(info.value) and "resume_from_checkpoint" in str(info.value)
-
-
 def test_pickle_in_place_of_the_tensor_file_is_refused(tmp_path):
     marker = tmp_path / "ran"
     save_state(tmp_path, "s", {"x": torch.ones(1)})
@@ -260,24 +231,6 @@ def test_state_that_does_not_fit_the_trainer_is_a_clear_error(trained, tmp_path,
         trainer._load_optimizer_and_scheduler(str(tmp_path))
 
 
-def test_resuming_from_a_checkpoint_with_a_crafted_legacy_file_refuses_it_without_running(trained, tmp_path):
-    """The user's path: `train(resume_from_checkpoint=...)` on an old checkpoint (a `replay_state.pt`, no new-format
-    files) whose pickle would run a command."""
-    _, out = trained
-    checkpoint = tmp_path / "run" / "checkpoint-1"
-    shutil.copytree(out / "checkpoint-1", checkpoint)
-    for name in ("replay_state.json", "replay_state.safetensors"):  # an earlier version wrote neither
-        (checkpoint / name).unlink()
-    marker = tmp_path / "ran"
-    torch.save({"experience": RunsCommand(marker), "replay_active": True}, checkpoint / "replay_state.pt")
-    resumed = replay_trainer(tmp_path / "run", max_steps=2)
-    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt was refused.*nothing in it was run") as info:
-        resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert str(checkpoint / "replay_state.pt") in str(info.value) and "resume_from_checkpoint" in str(info.value)
-    assert not marker.exists()
-    assert checkpoints(tmp_path / "run") == ["checkpoint-1"]  # no step was trained
-
-
 # -- RLCRMultiTurnTrainer: no state of its own, the same guarantees ---------------------------------------------------
 def rlcr_trainer(output_dir, **overrides):
     model, tokenizer = tiny_causal_lm(seed=1)
@@ -310,11 +263,3 @@ def test_rlcr_failed_save_keeps_the_previous_checkpoint_and_resume_skips_incompl
     monkeypatch.setattr(resumed, "_load_from_checkpoint", lambda folder, *a: loaded.append(folder) or load(folder, *a))
     resumed.train(resume_from_checkpoint=True)
     assert loaded == [str(previous)] and resumed.state.global_step == 2
-
-
-def test_legacy_state_that_does_not_fit_the_trainer_names_the_legacy_file(trained, tmp_path, monkeypatch):
-    trainer, _ = trained
-    torch.save({"experience": {}, "replay_active": True}, tmp_path / "replay_state.pt")
-    monkeypatch.setattr(GRPOTrainer, "_load_optimizer_and_scheduler", lambda self, checkpoint: None)
-    with pytest.raises(CheckpointStateError, match=r"replay_state\.pt does not hold the state ReplayGRPOTrainer"):
-        trainer._load_optimizer_and_scheduler(str(tmp_path))

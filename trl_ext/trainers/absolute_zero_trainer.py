@@ -9,7 +9,7 @@ its solver rows train together with proposer rows in one update.
 Generation goes through TRL's `_generate` (hence `_generate_single_turn`: vLLM server/colocate or transformers), and
 rewards through TRL's `_calculate_rewards`. Those are collectives under vLLM server mode and multi-process training,
 so the rounds are decided on gathered data: every process makes the same calls with the same row counts, padding
-with copies of a real row when it has less work. Once the rows are chosen, each role's batch is built by
+with copies of a real row when it has less work. Once the rows are chosen, each row kind's batch is built by
 `GRPOTrainer._generate_and_score_completions` itself, replaying the recorded generations and rewards (see
 `_replaying`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
 are TRL's. The trainer then sets the proposer advantages and the loss masks, and concatenates the two batches.
@@ -28,15 +28,14 @@ import random
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 
 from ..core.advantages import batch_baseline_advantages, group_advantages
-from ..core.batch import concat_row_batches
 from ..core.learnability import (
     counted_ratio,
     default_criteria,
@@ -51,8 +50,9 @@ from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
-from .dataset_checks import check_not_empty
+from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
+from .row_batches import concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
@@ -60,7 +60,8 @@ from .trainer_state import CheckpointStateMixin
 
 logger = logging.getLogger(__name__)
 
-SOLVER, PROPOSER = 0, 1
+SOLVER, PROPOSER = 0, 1  # row kinds
+KIND_KEY = "role"  # batch key: a row's kind
 # Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces), and
 # `environment`, with which a seed row picks one of several environments (a proposal must not choose it).
 _RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra",
@@ -102,6 +103,24 @@ class _Group:
     rounds: int = 0
 
 
+@dataclass
+class _SelfPlay:
+    """One generation batch of self-play, filled in by its steps; identical on every process."""
+
+    seeds: list[dict]  # the gathered seed rows, one per prompt
+    group_size: int  # solver responses per question (rollout_n)
+    mode: str
+    groups: list[_Group]  # per seed prompt
+    valid_questions: list[dict] = field(default_factory=list)  # every round's, in order: the task state's update
+    reproposed: set[int] = field(default_factory=set)  # prompts that needed another round
+    attempts: int = 0  # prompts reproposed, summed over rounds
+    selected: list[int | None] = field(default_factory=list)  # per prompt, the trained question (None: unresolved)
+    proposer_rewards: list[list[float]] = field(default_factory=list)  # per prompt, per proposal
+    generation_calls: int = 0
+    generated: defaultdict = field(default_factory=lambda: defaultdict(int))  # "<kind>_rows", "<kind>_tokens"
+    missing_fields: int = 0  # valid questions lacking a field of the solver prompt template
+
+
 class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, VLLMContextLimit, GRPOTrainer):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
@@ -133,7 +152,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             picks the environment from the seed row's `environment` column. `rollout_func` is not supported.
 
     Batch rows (per process): the solver rows, in the order of the seed rows received (rollout_n per prompt), then
-    the proposer rows with zero-loss padding; `role` is 0 for solver and 1 for proposer rows, and `tool_mask` zeroes
+    the proposer rows with zero-loss padding; the row kind is in `role` (0 solver, 1 proposer), and `tool_mask` zeroes
     the loss of tool-output tokens (TRL's), of unresolved prompts' solver rows and of padding rows.
 
     Scores that need the live environment (`get_reward`, reward functions reading `environments`) are computed in the
@@ -159,24 +178,19 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
 
     def __init__(self, model, reward_funcs=None, args: AbsoluteZeroConfig | None = None, parse_question=None,
                  solver_prompt_fn=None, task_state=None, **kwargs):
-        if args is None:
-            args = AbsoluteZeroConfig("AbsoluteZero")
-        if not isinstance(args, AbsoluteZeroConfig):
-            raise TypeError(f"args must be an AbsoluteZeroConfig, got {type(args).__name__}.")
-        if kwargs.get("rollout_func") is not None:
-            raise ValueError(
-                "AbsoluteZeroTrainer does not support `rollout_func`: it generates both roles itself (propose, solve, "
-                "repropose), and a rollout_func would replace that generation for the proposer as well. For "
-                "multi-step solver episodes pass `environment_factory` or `tools`, which run inside TRL's generation."
-            )
+        args = checked_args(args, AbsoluteZeroConfig, "AbsoluteZero")
+        refuse_rollout_func(kwargs, "AbsoluteZeroTrainer", "it generates both row kinds itself (propose, solve, "
+                            "repropose), and a rollout_func would replace that generation for the proposer as well. "
+                            "For multi-step solver episodes pass `environment_factory` or `tools`, which run inside "
+                            "TRL's generation.")
         if not reward_funcs and kwargs.get("environment_factory") is None:
             raise ValueError(
                 "reward_funcs must hold at least one solver reward function (e.g. a numeric match), unless an "
                 "environment_factory whose environment defines `get_reward` scores the solver."
             )
-        for split in ("train_dataset", "eval_dataset"):
-            _check_dataset(kwargs.get(split), split)
-        with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per role below
+        check_datasets(kwargs, partial(check_conversational_prompts, required={"prompt": "it must hold the seed prompts"},
+                                       why="the proposer and solver prompts go through the chat template"))
+        with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per row kind below
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
         self._generation = turn_generations(self, {
             "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
@@ -200,7 +214,6 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                 f"solver_prompt_template names {sorted(self._template_fields - set(known))}, which parse_question "
                 f"never produces (its fields: {sorted(known)}); fix the template."
             )
-        self._missing_fields = 0  # questions of this batch lacking a template field
         self._warned_fields = set()
         if args.learnability_criteria is not None:
             self._criteria = parse_criteria(args.learnability_criteria)
@@ -213,30 +226,14 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         else:
             self._criteria = None  # the default depends on the group size, which differs in evaluation
         self.task_state = task_state
-        self._replay = None  # (generation tuple, gathered rewards) while TRL builds a role's batch
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
-    def _generate(self, prompts):
-        if self._replay is not None:
-            return self._replay[0]
-        output = super()._generate(prompts)
-        if self._stop_after_generation:
-            raise _EpisodesGenerated(output)
-        return output
-
-    _stop_after_generation = False
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        if self._replay is not None:
-            return self._replay[1]
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-
     def _compute_loss(self, model, inputs):
-        # Proposer rows are weighted here rather than in the batch, so logged advantages stay comparable per role.
+        # Proposer rows are weighted here rather than in the batch, so logged advantages stay comparable per kind.
         advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)
-        if "role" in inputs:
-            weight = torch.where(inputs["role"] == PROPOSER, self.args.proposer_loss_weight, 1.0)
+        if KIND_KEY in inputs:
+            weight = torch.where(inputs[KIND_KEY] == PROPOSER, self.args.proposer_loss_weight, 1.0)
             advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
         return super()._compute_loss(model, {**inputs, "advantages": advantages})
 
@@ -253,7 +250,9 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             [r.prompt_ids for r in rows], [r.completion_ids for r in rows], tool_mask, [r.completion for r in rows],
             None if any(lp is None for lp in logprobs) else logprobs, {}, None, [],
         )
-        return scoped_call(self, _replay=(generation, rewards.to(self.accelerator.device)), **self._no_tools())
+        rewards = rewards.to(self.accelerator.device)
+        return scoped_call(self, _generate=lambda prompts: generation,
+                           _calculate_rewards=lambda *args: rewards, **self._no_tools())
 
     def _no_tools(self) -> dict:
         """Attributes that switch TRL's tools and environments off for one call (proposer rows, replayed batches)."""
@@ -267,7 +266,12 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         its own. It runs here up to that call, which hands its output back by exception, so the log-prob passes and
         scoring that follow are skipped. `self.environments` keeps the live instances for the round's rewards.
         """
-        with scoped_call(self, _stop_after_generation=True):
+        generate = self._generate
+
+        def generate_then_stop(prompts):
+            raise _EpisodesGenerated(generate(prompts))
+
+        with scoped_call(self, _generate=generate_then_stop):
             try:
                 super()._generate_and_score_completions(inputs)
             except _EpisodesGenerated as generated:
@@ -278,20 +282,20 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
     def _local_share(self, items: list) -> list:
         """This process's equal share of `items`, padded with copies of the first item to a multiple of the number
         of processes: every process then generates the same number of rows (vLLM server mode and gathers need it)."""
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        world = self.accelerator.num_processes
         per_process = -(-len(items) // world)
         padded = items + [items[0]] * (per_process * world - len(items))
-        return padded[rank * per_process:(rank + 1) * per_process]
+        return padded[local_rows(self.accelerator, per_process)]
 
-    def _generate_rows(self, prompts: list, num_generations: int, mode: str, prefix: str | None,
+    def _generate_rows(self, play: _SelfPlay, prompts: list, num_generations: int, prefix: str | None,
                        max_new_tokens: int | None, inputs: list[dict] | None = None) -> list[_Generated]:
         """One `_generate` call on this process's rows; returns every process's rows, in process order.
 
         Proposer rows (`inputs` None) are generated from `prompts` without tools; solver rows run as episodes of
         their input rows (`_episodes`)."""
         generation = self._generation["proposer" if inputs is None else "solver"]
-        with scoped_call(self, mode, prefix, max_new_tokens, generation, num_generations=num_generations,
-                         num_generations_eval=num_generations):
+        with scoped_call(self, mode=play.mode, prefix=prefix, max_new_tokens=max_new_tokens, generation=generation,
+                         num_generations=num_generations, num_generations_eval=num_generations):
             if inputs is None:
                 with scoped_call(self, **self._no_tools()):
                     output = self._generate(prompts)
@@ -304,9 +308,9 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                  for p, c, lp, comp, tm in zip(prompt_ids, completion_ids, logprobs, completions, tool_mask,
                                                strict=True)]
         rows = gather_object(local)
-        self._generation_calls += 1
-        self._generated[f"{prefix or 'solver'}_rows"] += len(rows)
-        self._generated[f"{prefix or 'solver'}_tokens"] += sum(len(r.completion_ids) for r in rows)
+        play.generation_calls += 1
+        play.generated[f"{prefix or 'solver'}_rows"] += len(rows)
+        play.generated[f"{prefix or 'solver'}_tokens"] += sum(len(r.completion_ids) for r in rows)
         return rows
 
     def _proposer_prompt(self, seed_row, rng: random.Random | None) -> tuple[list, dict]:
@@ -331,14 +335,13 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                     and k not in _RESERVED}
         return {**question, **(context or {})} if question else None  # the model cannot overwrite the context
 
-    def _validate(self, slots: list[tuple[int, int]], groups: list[_Group]) -> None:
+    def _task_state_verdicts(self, slots: list[tuple[int, int]], groups: list[_Group]) -> None:
         """Task-state validation of the parsed questions at `slots`: each process checks a contiguous share and the
         verdicts are gathered, so every process holds the same questions without running all the checks. (Running
         everything on every process would cost `world` times the executions, and a check near a time limit could
         pass on one process and fail on another, splitting the decisions.)"""
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        per_process = -(-len(slots) // world)
-        mine = slots[rank * per_process:(rank + 1) * per_process]
+        per_process = -(-len(slots) // self.accelerator.num_processes)
+        mine = slots[local_rows(self.accelerator, per_process)]
         checked = self.task_state.validate([groups[p].questions[i] for p, i in mine])
         if len(checked) != len(mine):
             raise RuntimeError(f"TaskState.validate returned {len(checked)} verdicts for {len(mine)} questions.")
@@ -346,58 +349,80 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         for (p, i), question in zip(slots, checked, strict=True):
             groups[p].questions[i] = question
 
-    def _round(self, pending: list[int], seeds: list[dict], groups: list[_Group], group_size: int, mode: str):
-        """Propose a fresh group for each pending prompt, solve every valid question, judge learnability."""
+    # -- the self-play round: propose, validate, solve, estimate learnability ---------------------------------------
+    def _round(self, play: _SelfPlay, pending: list[int]) -> None:
+        """One round for the `pending` prompts: a fresh group of proposals each, every valid question solved, each
+        question's learnability judged from its responses' rewards."""
+        self._propose(play, pending)
+        valid = self._validate(play, pending)
+        if valid:
+            self._solve(play, valid)
+        self._estimate_learnability(play, pending)
+
+    def _propose(self, play: _SelfPlay, pending: list[int]) -> None:
+        """`num_questions_per_prompt` proposals for each pending prompt, from a proposer prompt built afresh."""
         args, k = self.args, self.args.num_questions_per_prompt
+        groups = play.groups
         rng = self._selection_rng() if self.task_state is not None else None  # the same prompts on every process
         for p in pending:
             group = groups[p] = _Group(rounds=groups[p].rounds + 1)
-            group.prompt, group.context = self._proposer_prompt(seeds[p], rng)
+            group.prompt, group.context = self._proposer_prompt(play.seeds[p], rng)
         share = self._local_share(pending)
         prompts = [groups[p].prompt for p in share for _ in range(k)]
-        proposals = self._generate_rows(prompts, k, mode, "proposer", args.max_question_length)
+        proposals = self._generate_rows(play, prompts, k, "proposer", args.max_question_length)
         for j, p in enumerate(pending):  # the padding copies come after the real prompts
-            group = groups[p]
-            group.proposals = proposals[j * k:(j + 1) * k]
-            group.questions = [self._parse(row.completion, group.context) for row in group.proposals]
+            groups[p].proposals = proposals[j * k:(j + 1) * k]
 
+    def _validate(self, play: _SelfPlay, pending: list[int]) -> list[tuple[int, int]]:
+        """Parse the pending prompts' proposals into questions, have the task state check them, and build each valid
+        question's solver input; returns the valid questions' `(prompt, proposal)` slots (an invalid one is None)."""
+        groups = play.groups
+        for p in pending:
+            groups[p].questions = [self._parse(row.completion, groups[p].context) for row in groups[p].proposals]
         valid = [(p, i) for p in pending for i, q in enumerate(groups[p].questions) if q is not None]
         if self.task_state is not None and valid:
-            self._validate(valid, groups)
+            self._task_state_verdicts(valid, groups)
             valid = [(p, i) for p, i in valid if groups[p].questions[i] is not None]
-        if valid:
-            columns = sorted({key for p, i in valid for key in groups[p].questions[i]})
-            for p, i in valid:
-                fields = {key: groups[p].questions[i].get(key) for key in columns}
-                row = {key: value for key, value in seeds[p].items() if key != "prompt"}
-                self._check_template_fields(groups[p].questions[i])
-                prompt, ok = self._calls["solver_prompt_fn"](self.solver_prompt_fn, fields, seeds[p])
-                if ok:
-                    groups[p].solver_inputs[i] = {**row, **fields, "prompt": prompt}
-                else:
-                    groups[p].questions[i] = None
-            valid = [(p, i) for p, i in valid if groups[p].questions[i] is not None]
-            self._valid_questions.extend(groups[p].questions[i] for p, i in valid)
-        if valid:
-            share = self._local_share(valid)
-            inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
-            prompts = [row["prompt"] for row in inputs]
-            responses = self._generate_rows(prompts, group_size, mode, None, None, inputs)
-            local = responses[self.accelerator.process_index * len(inputs):][:len(inputs)]
-            # `self.environments` still holds this round's episodes: environment scores are recorded now.
-            rewards = super()._calculate_rewards(
-                inputs, prompts, [r.completion for r in local], [r.completion_ids for r in local]
-            ).cpu()
-            # Columns logged by reward functions describe rows that may not be kept; TRL's table has no place for them.
-            self._pending_extra_logs.clear()
-            for n, (p, i) in enumerate(valid):
-                rows = slice(n * group_size, (n + 1) * group_size)
-                groups[p].responses[i] = responses[rows]
-                groups[p].rewards[i] = rewards[rows]
+        if not valid:
+            return valid
+        columns = sorted({key for p, i in valid for key in groups[p].questions[i]})
+        for p, i in valid:
+            fields = {key: groups[p].questions[i].get(key) for key in columns}
+            row = {key: value for key, value in play.seeds[p].items() if key != "prompt"}
+            play.missing_fields += self._check_template_fields(groups[p].questions[i])
+            prompt, ok = self._calls["solver_prompt_fn"](self.solver_prompt_fn, fields, play.seeds[p])
+            if ok:
+                groups[p].solver_inputs[i] = {**row, **fields, "prompt": prompt}
+            else:
+                groups[p].questions[i] = None
+        valid = [(p, i) for p, i in valid if groups[p].questions[i] is not None]
+        play.valid_questions.extend(groups[p].questions[i] for p, i in valid)
+        return valid
 
-        criteria = self._criteria or default_criteria(self.reward_func_names[0], group_size)
+    def _solve(self, play: _SelfPlay, valid: list[tuple[int, int]]) -> None:
+        """`group_size` responses to each valid question, scored by the solver reward functions."""
+        group_size, groups = play.group_size, play.groups
+        share = self._local_share(valid)
+        inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
+        prompts = [row["prompt"] for row in inputs]
+        responses = self._generate_rows(play, prompts, group_size, None, None, inputs)
+        local = responses[local_rows(self.accelerator, len(inputs))]
+        # `self.environments` still holds this round's episodes: environment scores are recorded now.
+        rewards = super()._calculate_rewards(
+            inputs, prompts, [r.completion for r in local], [r.completion_ids for r in local]
+        ).cpu()
+        # Columns logged by reward functions describe rows that may not be kept; TRL's table has no place for them.
+        self._pending_extra_logs.clear()
+        for n, (p, i) in enumerate(valid):
+            rows = slice(n * group_size, (n + 1) * group_size)
+            groups[p].responses[i] = responses[rows]
+            groups[p].rewards[i] = rewards[rows]
+
+    def _estimate_learnability(self, play: _SelfPlay, pending: list[int]) -> None:
+        """Per question of the pending prompts: learnable or not (None: invalid), and its solve rate."""
+        criteria = self._criteria or default_criteria(self.reward_func_names[0], play.group_size)
         for p in pending:
-            group = groups[p]
+            group = play.groups[p]
             for i, question in enumerate(group.questions):
                 if question is None:
                     group.learnable.append(None)
@@ -407,12 +432,11 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                 group.learnable.append(is_learnable(scores, criteria))
                 group.solve_rates.append(counted_ratio(scores[criteria[0].reward], criteria[0]))
 
-    def _check_template_fields(self, question: dict) -> None:
-        """Count (and warn once per field about) template fields that this question lacks: they render empty."""
+    def _check_template_fields(self, question: dict) -> bool:
+        """Whether this question lacks a template field (it renders empty); warns once per field."""
         if self._template_fields is None:
-            return
+            return False
         missing = sorted(name for name in self._template_fields if question.get(name) is None)
-        self._missing_fields += bool(missing)
         for name in missing:
             if name not in self._warned_fields:
                 self._warned_fields.add(name)
@@ -421,6 +445,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                     "empty. A typo in the template? `warnings/solver_prompt_missing_fields` counts such questions.",
                     name, sorted(question),
                 )
+        return bool(missing)
 
     def _selection_rng(self) -> random.Random:
         """Seeded by (seed, global step, draw at that step): identical on every process, and reproduced on resume."""
@@ -434,49 +459,45 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         mode = "train" if self.model.training else "eval"
         args = self.args
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        self._generation_calls, self._generated = 0, defaultdict(int)
-        self._valid_questions = []  # every round's, in the same order on every process: the task state's update
-
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
-        groups = [_Group() for _ in seeds]
-        pending, reproposed, attempts = list(range(len(seeds))), set(), 0
-        while True:
-            self._round(pending, seeds, groups, group_size, mode)
-            pending = [p for p in pending if needs_repropose(groups[p].learnable)]
-            if not pending or groups[pending[0]].rounds > args.max_repropose_attempts:
-                break
-            reproposed.update(pending)
-            attempts += len(pending)
-        if self.task_state is not None and mode == "train":
-            self.task_state.update(self._valid_questions)
+        play = _SelfPlay(seeds, group_size, mode, groups=[_Group() for _ in seeds])
 
+        # Rounds: propose, validate, solve, estimate learnability; repropose for the prompts with no learnable question
+        pending = list(range(len(seeds)))
+        while True:
+            self._round(play, pending)
+            pending = [p for p in pending if needs_repropose(play.groups[p].learnable)]
+            if not pending or play.groups[pending[0]].rounds > args.max_repropose_attempts:
+                break
+            play.reproposed.update(pending)
+            play.attempts += len(pending)
+        if self.task_state is not None and mode == "train":
+            self.task_state.update(play.valid_questions)
+
+        # One learnable question per prompt trains the solver; the proposer's reward is its proposals' learnability
         rng = self._selection_rng()
-        selected = [select_question(g.learnable, rng) for g in groups]
-        unresolved = [s is None for s in selected]
-        rewards = [
-            proposer_rewards(g.learnable, g.solve_rates, u, args.proposer_reward_mode, args.invalid_question_reward,
-                             args.repropose_penalty, args.uniform_question_reward)
-            for g, u in zip(groups, unresolved, strict=True)
+        play.selected = [select_question(g.learnable, rng) for g in play.groups]
+        play.proposer_rewards = [
+            proposer_rewards(g.learnable, g.solve_rates, choice is None, args.proposer_reward_mode,
+                             args.invalid_question_reward, args.repropose_penalty, args.uniform_question_reward)
+            for g, choice in zip(play.groups, play.selected, strict=True)
         ]
 
-        solver = self._solver_batch(seeds, groups, selected, group_size, rank, len(inputs))
-        proposer, num_proposer_rows = self._proposer_batch(seeds, groups, selected, rewards, mode, world, rank)
-        for batch, role in ((solver, SOLVER), (proposer, PROPOSER)):
-            batch["role"] = torch.full((batch["advantages"].size(0),), role, dtype=torch.long,
-                                       device=batch["advantages"].device)
-        batch = concat_row_batches([solver, proposer], pad_token_id=self._tokenizer.pad_token_id)
-        loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        # The batch: TRL builds each kind's rows from the recorded generations, solver rows first
+        solver = self._solver_batch(play, len(inputs))
+        proposer, num_proposer_rows = self._proposer_batch(play)
+        batch = concat_row_kinds({SOLVER: solver, PROPOSER: proposer}, KIND_KEY, self._tokenizer.pad_token_id,
+                                 self.accelerator)
 
-        self._log_self_play(mode, groups, selected, rewards, reproposed, attempts, num_proposer_rows, group_size)
+        self._log_self_play(play, num_proposer_rows)
         return batch
 
-    def _solver_batch(self, seeds, groups, selected, group_size, rank, num_local):
+    def _solver_batch(self, play: _SelfPlay, num_local: int):
         """Solver rows in the order of the seed rows: the selected question's responses. An unresolved prompt keeps
         its first valid question's rows, or with none its first proposal as a stand-in (rewards NaN), at zero loss."""
+        group_size, seeds = play.group_size, play.seeds
         rows, rewards, inputs, keep = [], [], [], []
-        for p, (group, choice) in enumerate(zip(groups, selected, strict=True)):
+        for p, (group, choice) in enumerate(zip(play.groups, play.selected, strict=True)):
             index = choice if choice is not None else min(group.responses, default=None)
             if index is None:
                 rows.extend([group.proposals[0]] * group_size)
@@ -487,19 +508,20 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                 rewards.append(group.rewards[index])
                 inputs.extend([group.solver_inputs[index]] * group_size)
             keep.extend([choice is not None] * group_size)
-        local = slice(rank * num_local, (rank + 1) * num_local)
+        local = local_rows(self.accelerator, num_local)
         with self._replaying(rows[local], torch.cat(rewards)):
             batch = super()._generate_and_score_completions(inputs[local])
         mask = torch.tensor(keep[local], dtype=torch.long, device=batch["advantages"].device)
-        batch["tool_mask"] = batch.get("tool_mask", torch.ones_like(batch["completion_mask"])) * mask.unsqueeze(1)
+        restrict_loss(batch, mask)
         batch["advantages"] = batch["advantages"] * mask
         return batch
 
-    def _proposer_batch(self, seeds, groups, selected, rewards, mode, world, rank):
+    def _proposer_batch(self, play: _SelfPlay):
         """Proposer rows (one per prompt, or K), padded to a per-process multiple of `steps_per_generation`."""
         args, k = self.args, self.args.num_questions_per_prompt
+        seeds, groups, rewards, world = play.seeds, play.groups, play.proposer_rewards, self.accelerator.num_processes
         slots = []  # (prompt, proposal) in row order
-        for p, (group, choice) in enumerate(zip(groups, selected, strict=True)):
+        for p, (group, choice) in enumerate(zip(groups, play.selected, strict=True)):
             if args.proposer_rows == "all":
                 slots.extend((p, i) for i in range(k))
             else:
@@ -511,7 +533,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         else:
             advantages = batch_baseline_advantages(real, self.scale_rewards)
 
-        multiple = args.steps_per_generation if mode == "train" else 1
+        multiple = args.steps_per_generation if play.mode == "train" else 1
         per_process = padded_rows(len(slots), world, multiple)
         pad = per_process * world - len(slots)
         slots = slots + [slots[0]] * pad
@@ -519,47 +541,46 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         advantages = torch.cat([advantages, torch.zeros(pad)])
         keep = torch.cat([torch.ones(len(slots) - pad), torch.zeros(pad)])
 
-        local = slice(rank * per_process, (rank + 1) * per_process)
+        local = local_rows(self.accelerator, per_process)
         rows = [groups[p].proposals[i] for p, i in slots][local]
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
-        with scoped_call(self, mode, "proposer", num_generations=1, num_generations_eval=1, reward_func_names=["proposer"],
-                          reward_weights=torch.ones(1), multi_objective_aggregation="sum_then_normalize",
-                          _logs=_empty_logs()), self._replaying(rows, real.unsqueeze(1)):
+        with scoped_call(self, mode=play.mode, prefix="proposer", num_generations=1, num_generations_eval=1,
+                         reward_func_names=["proposer"], reward_weights=torch.ones(1),
+                         multi_objective_aggregation="sum_then_normalize", _logs=_empty_logs()), \
+                self._replaying(rows, real.unsqueeze(1)):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device
         batch["advantages"] = advantages[local].to(device)
-        mask = keep[local].to(device=device, dtype=torch.long)
-        batch["tool_mask"] = batch.get("tool_mask", torch.ones_like(batch["completion_mask"])) * mask.unsqueeze(1)
+        restrict_loss(batch, keep[local].to(device=device, dtype=torch.long))
         return batch, len(slots) - pad
 
-    def _log_self_play(self, mode, groups, selected, rewards, reproposed, attempts, num_proposer_rows, group_size):
+    def _log_self_play(self, play: _SelfPlay, num_proposer_rows: int):
         """Self-play metrics (README, AbsoluteZeroTrainer), computed from gathered data (identical on every process)."""
-        m = self._metrics[mode]
+        m, groups, selected = self._metrics[play.mode], play.groups, play.selected
         learnable = [x for g in groups for x in g.learnable if x is not None]
         proposals = [x for g in groups for x in g.learnable]
-        trained_rewards = [r for g_rewards in rewards for r in g_rewards]
+        trained_rewards = [r for g_rewards in play.proposer_rewards for r in g_rewards]
         resolved = sum(s is not None for s in selected)
         m["unified_filter/num_learnable"].append(float(sum(learnable)))
         m["unified_filter/num_total"].append(float(len(learnable)))
         m["unified_filter/learnable_ratio"].append(sum(learnable) / len(learnable) if learnable else 0.0)
         m["unified_filter/num_sampled"].append(float(resolved))
-        m["unified_filter/num_repropose"].append(float(len(reproposed)))
-        m["repropose/total_attempts"].append(float(attempts))
+        m["unified_filter/num_repropose"].append(float(len(play.reproposed)))
+        m["repropose/total_attempts"].append(float(play.attempts))
         m["repropose/rounds"].append(float(max(g.rounds for g in groups) - 1))
         m["repropose/final_non_learnable"].append(float(len(groups) - resolved))
         m["proposer/reward_mean"].append(sum(trained_rewards) / len(trained_rewards))
         m["proposer/invalid_rate"].append(sum(x is None for x in proposals) / len(proposals))
         m["proposer/num_integrated"].append(float(num_proposer_rows))
-        m["joint/proposer_solver_ratio"].append(num_proposer_rows / max(resolved * group_size, 1))
-        m["generation/calls"].append(float(self._generation_calls))
+        m["joint/proposer_solver_ratio"].append(num_proposer_rows / max(resolved * play.group_size, 1))
+        m["generation/calls"].append(float(play.generation_calls))
         for guard in self._calls.values():
             m[guard.metric].append(float(guard.take()))
         if self._template_fields is not None:
-            m["warnings/solver_prompt_missing_fields"].append(float(self._missing_fields))
-            self._missing_fields = 0
-        for name, count in self._generated.items():
+            m["warnings/solver_prompt_missing_fields"].append(float(play.missing_fields))
+        for name, count in play.generated.items():
             m[f"generation/{name}"].append(float(count))
         all_rewards = [r for g in groups for r in g.rewards.values()]
         if all_rewards:
@@ -603,20 +624,3 @@ def _empty_logs():
     return {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
             "extra": defaultdict(list)}
 
-
-def _check_dataset(dataset, split):
-    """Fail at init, naming the column: seed prompts are conversations the proposer continues."""
-    if dataset is None:
-        return
-    check_not_empty(dataset, split)
-    for ds in dataset.values() if isinstance(dataset, dict) else [dataset]:
-        columns = getattr(ds, "column_names", None)
-        if columns is None:
-            continue
-        if "prompt" not in columns:
-            raise ValueError(f"{split} has no 'prompt' column (columns: {columns}); it must hold the seed prompts.")
-        if not is_conversational(next(iter(ds))):
-            raise ValueError(
-                f"{split} prompts must be conversational (a list of messages): the proposer and solver prompts go "
-                "through the chat template."
-            )

@@ -41,9 +41,11 @@ from ..core.experience import (
     task_id_of,
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
-from .dataset_checks import check_not_empty
+from .call_record import CallRecord, RecordsCalls
+from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
+from .row_batches import local_rows
 from .scoping import scoped_call
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
@@ -113,7 +115,19 @@ class PendingCollection:
     """Whether any process has rows to store (then the gather runs on every process)."""
 
 
-class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, GRPOTrainer):
+@dataclass
+class ReplayBatch(CallRecord):
+    """One training generation batch, from its plan to its collection: the generation seams read the plan, TRL's
+    seams record the generation and rewards, the tool loop its episodes; the loss forward fills the collection."""
+
+    plan: ReplayPlan | None = None
+    episodes: list | None = None
+    """This process's decoded episodes (with tools)."""
+    collection: PendingCollection | None = None
+    """The rows to store, while they wait for the loss forward's log-probs."""
+
+
+class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, CollectiveToolRounds, GRPOTrainer):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
     Args:
@@ -139,7 +153,6 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
 
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
     checkpoint_state_name = "replay_state"
-    checkpoint_state_legacy_file = "replay_state.pt"  # written by earlier versions (torch.save)
     _name = "Replay GRPO"
     _paper = {
         "title": "ExGRPO: Learning to Reason from Experience",
@@ -156,18 +169,11 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
     }
 
     def __init__(self, model, reward_funcs=None, args: ReplayGRPOConfig | None = None, **kwargs):
-        if args is None:
-            args = ReplayGRPOConfig("Replay-GRPO")
-        if not isinstance(args, ReplayGRPOConfig):
-            raise TypeError(f"args must be a ReplayGRPOConfig, got {type(args).__name__}.")
-        if kwargs.get("rollout_func") is not None:
-            raise ValueError(
-                "ReplayGRPOTrainer does not support `rollout_func`: it splices stored trajectories into TRL's own "
-                "generation, which a rollout_func replaces. For multi-step episodes pass `environment_factory` or "
-                "`tools`."
-            )
-        for split in ("train_dataset", "eval_dataset"):
-            check_not_empty(kwargs.get(split), split)
+        args = checked_args(args, ReplayGRPOConfig, "Replay-GRPO")
+        refuse_rollout_func(kwargs, "ReplayGRPOTrainer", "it splices stored trajectories into TRL's own generation, "
+                            "which a rollout_func replaces. For multi-step episodes pass `environment_factory` or "
+                            "`tools`.")
+        check_datasets(kwargs, check_not_empty)
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
         # Reward columns that need the live environment: recorded at collection, kept when replayed.
         self._env_reward_columns = [
@@ -196,38 +202,39 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
             seed=args.seed,
         )
         self.replay_active = False
-        self._plan: ReplayPlan | None = None  # set while a training batch generates
-        self._last_rewards_per_func = None
+        self._batch: ReplayBatch | None = None  # the latest training batch (also `_record` while it generates)
         self._capture_forward = None  # list receiving (logps, entropies) of the next policy forward
-        self._pending: PendingCollection | None = None  # rows to store once the loss forward gave their log-probs
-        self._last_episodes = None  # this process's decoded episodes of the last batch (with tools)
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
+    def _replay_plan(self) -> ReplayPlan | None:
+        """The plan of the training batch generating now, if it replays anything."""
+        plan = self._record.plan if isinstance(self._record, ReplayBatch) else None
+        return plan if plan is not None and plan.has_replay else None
+
     def _tokenize_prompts(self, prompts):
         prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
-        if self._plan is not None and self._plan.has_replay:
+        if (plan := self._replay_plan()) is not None:
             # Stored trajectories keep the prompt ids their log-probs were recorded with.
             prompt_ids = [
                 stored if stored is not None else ids
-                for ids, stored in zip(prompt_ids, self._plan.stored_prompt_ids, strict=True)
+                for ids, stored in zip(prompt_ids, plan.stored_prompt_ids, strict=True)
             ]
         return prompt_ids, images, multimodal_fields
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        plan = self._plan
-        if plan is not None and plan.has_replay and self._env_reward_columns:
+        if (plan := self._replay_plan()) is not None and self._env_reward_columns:
+            # In place: the batch's record holds this tensor.
             for row, trajectory in enumerate(plan.global_trajectories):
                 if trajectory is not None and trajectory.env_rewards is not None:
                     for i in self._env_reward_columns:
                         rewards[row, i] = trajectory.env_rewards.get(self.reward_func_names[i], float("nan"))
-        self._last_rewards_per_func = rewards
         return rewards
 
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
         """Run TRL's tool loop on the fresh rows only: a stored episode is over, and keeps its tool mask and messages."""
-        plan = self._plan
-        stored = plan.stored if plan is not None and plan.has_replay else [None] * len(completions)
+        plan = self._replay_plan()
+        stored = plan.stored if plan is not None else [None] * len(completions)
         for i, trajectory in enumerate(stored):
             if trajectory is not None:  # no tool calls: TRL's loop leaves the row alone
                 completions[i] = [{"role": "assistant", "content": ""}]
@@ -239,7 +246,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
                 n = trajectory.num_tokens
                 tool_mask[i] = trajectory.tool_mask.int().tolist() if trajectory.tool_mask is not None else [1] * n
                 completions[i] = trajectory.completion or completions[i]
-        self._last_episodes = completions
+        if isinstance(self._record, ReplayBatch):
+            self._record.episodes = completions
         return tool_mask, completions, completion_ids, logprobs, *rest
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
@@ -295,25 +303,28 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
         if not self.replay_active and self.state.max_steps > 0:
             self.replay_active = self.state.global_step / self.state.max_steps >= args.replay_start_ratio
 
+        # The previous batch's collection first: this batch is planned from the buffer it updates.
         self._flush_pending()
         self._log_buffer()
         plan = self._plan_batch(list(inputs))
-        self._last_episodes = None
+        batch = self._batch = ReplayBatch(plan=plan)
         capture = []
-        with scoped_call(self, _plan=plan, _capture_forward=capture), self._fresh_generation(plan):
+        with self.recording(batch), scoped_call(self, _capture_forward=capture), self._fresh_generation(plan):
             output = super()._generate_and_score_completions(plan.local_inputs)
 
         if not (capture and capture[0] is output.get("old_per_token_logps")):
             capture = []  # TRL computed no old log-probs; the forward caught, if any, was the reference model's
-        success = self._success(self._last_rewards_per_func)
-        scored = self._scored(self._last_rewards_per_func)
+        # Judge the fresh rollouts of every group
+        success = self._success(batch.rewards_per_func)
+        scored = self._scored(batch.rewards_per_func)
         fresh = ~torch.tensor(plan.global_stored, device=success.device) & scored
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
         logps, entropies = capture if capture else (None, None)
 
+        # Experience collection: this process's successful fresh rollouts of tasks in the collection window
         outcomes, wanted = self._group_outcomes(plan, success, scored)
         local = [i - plan.offset for i in wanted if plan.offset <= i < plan.offset + len(plan.local_inputs)]
-        records = {plan.offset + i: self._local_record(plan, output, i) for i in local}
+        records = {plan.offset + i: self._local_record(batch, output, i) for i in local}
         records = {row: record for row, record in records.items() if record is not None}
         pending = PendingCollection(outcomes, records, self.state.global_step, records_expected=bool(wanted))
         if logps is not None or not wanted:
@@ -324,12 +335,13 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
             # No forward pass of the policy happened yet: the first loss forward over these rows (same weights, as
             # TRL only skips old log-probs when no optimizer step falls inside a generation batch) supplies their
             # log-probs and entropies; the buffer is updated before the next batch is planned.
-            self._pending = pending
+            batch.collection = pending
             rows = torch.full((len(plan.local_inputs),), -1, dtype=torch.long, device=output["completion_ids"].device)
             for row in records:
                 rows[row - plan.offset] = row
             output["replay_collect"] = rows
 
+        # Mark the off-policy rows for the loss
         if plan.has_replay:
             self._log_fresh_sampling_ratio(plan, output)
             self._add_replay_keys(output, plan)
@@ -340,79 +352,98 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
 
     def _plan_batch(self, inputs: list[dict]) -> ReplayPlan:
         """Decide replay groups, their trajectories and retired-task replacements, identically on every process."""
-        args, n, k = self.args, self.num_generations, self.args.offpolicy_trajectories_per_task
         if any("image" in x or "images" in x for x in inputs[:1]):
             raise ValueError("ReplayGRPOTrainer supports text prompts only; the dataset has an image column.")
-        local_count = len(inputs)
-        offset = self.accelerator.process_index * local_count
+        n = self.num_generations
         examples = gather_object(inputs)
-        task_ids = [task_id_of(x, args.task_id_column) for x in examples]
+        task_ids = [task_id_of(x, self.args.task_id_column) for x in examples]
         num_groups = len(examples) // n
         group_tasks = [task_ids[g * n] for g in range(num_groups)]
         group_examples = [examples[g * n] for g in range(num_groups)]
-        stored: list[Trajectory | None] = [None] * len(examples)
-        stored_prompts: list[list[int] | None] = [None] * len(examples)
-        rng = self.experience.rng
-
         retired = [g for g in range(num_groups) if group_tasks[g] in self.experience.retired]
-        replay = {}
-        if self.replay_active:
-            target = math.floor(args.exp_ratio * num_groups + 0.5)
-            owner = [(g * n) // local_count for g in range(num_groups)]
-            by_rank: dict[int, list[int]] = {}
-            for g in range(num_groups):
-                if g not in retired:
-                    by_rank.setdefault(owner[g], []).append(g)
-            for groups in by_rank.values():
-                rng.shuffle(groups)
-            # Round robin over processes, so each generates about as many fresh rows as the others (less padding).
-            balanced = [g for rnd in zip_longest(*by_rank.values()) for g in rnd if g is not None]
-            candidates = retired + balanced[: max(target - len(retired), 0)]
-            tasks = self.experience.sample_tasks(len(candidates), k, self.state.global_step, exclude=group_tasks)
-            replay = dict(zip(candidates, tasks, strict=False))  # fewer tasks than slots: the rest stay fresh
+
+        # Experience mixing: which groups replay a buffered task, and which task
+        replay = self._mix_experience(group_tasks, retired, len(inputs)) if self.replay_active else {}
+        # Trajectory selection: the last k rows of each replay group are stored trajectories of its task
+        stored, stored_prompts = self._select_trajectories(replay, len(examples))
         for g, task in replay.items():
-            group_tasks[g] = task
-            group_examples[g] = self.experience.task_examples[task]
+            group_tasks[g], group_examples[g] = task, self.experience.task_examples[task]
+        # Retired tasks left without a replay task take the prompt of another group
+        replaced, kept = self._replace_retired(retired, replay, group_tasks, group_examples)
+        # This process's rows
+        local = local_rows(self.accelerator, len(inputs))
+        new_inputs = [
+            inputs[i - local.start] if group_tasks[i // n] == task_ids[i] else dict(group_examples[i // n])
+            for i in range(local.start, local.stop)
+        ]
+        fresh_counts = [
+            sum(1 for trajectory in stored[r * len(inputs):(r + 1) * len(inputs)] if trajectory is None)
+            for r in range(self.accelerator.num_processes)
+        ]
+        return ReplayPlan(
+            local_inputs=new_inputs,
+            stored=stored[local],
+            stored_prompt_ids=stored_prompts[local],
+            group_tasks=group_tasks,
+            global_stored=[s is not None for s in stored],
+            global_trajectories=stored,
+            fresh_max=max(fresh_counts),
+            offset=local.start,
+            num_replay_groups=len(replay),
+            retired_replaced=replaced,
+            retired_kept=kept,
+        )
+
+    def _mix_experience(self, group_tasks: list[str], retired: list[int], local_count: int) -> dict[int, str]:
+        """The replay groups (`exp_ratio` of the groups, every retired task's first) and the buffered task of each.
+
+        Fewer buffered tasks than slots leave the rest fresh."""
+        args, n = self.args, self.num_generations
+        num_groups = len(group_tasks)
+        target = math.floor(args.exp_ratio * num_groups + 0.5)
+        owner = [(g * n) // local_count for g in range(num_groups)]
+        by_rank: dict[int, list[int]] = {}
+        for g in range(num_groups):
+            if g not in retired:
+                by_rank.setdefault(owner[g], []).append(g)
+        for groups in by_rank.values():
+            self.experience.rng.shuffle(groups)
+        # Round robin over processes, so each generates about as many fresh rows as the others (less padding).
+        balanced = [g for rnd in zip_longest(*by_rank.values()) for g in rnd if g is not None]
+        candidates = retired + balanced[: max(target - len(retired), 0)]
+        tasks = self.experience.sample_tasks(
+            len(candidates), args.offpolicy_trajectories_per_task, self.state.global_step, exclude=group_tasks
+        )
+        return dict(zip(candidates, tasks, strict=False))
+
+    def _select_trajectories(self, replay: dict[int, str], num_rows: int):
+        """Per row of the gathered batch, the stored trajectory it replays (or None) and that trajectory's prompt ids."""
+        n, k = self.num_generations, self.args.offpolicy_trajectories_per_task
+        stored: list[Trajectory | None] = [None] * num_rows
+        stored_prompts: list[list[int] | None] = [None] * num_rows
+        for g, task in replay.items():
             trajectories = self.experience.select_trajectories(task, k, self.state.global_step)
             for j, trajectory in enumerate(trajectories):
                 row = g * n + n - k + j
                 stored[row] = trajectory
                 stored_prompts[row] = self.experience.task_prompt_ids[task].tolist()
+        return stored, stored_prompts
 
-        # Retired tasks left without a replay task take the prompt of another group of the batch.
-        donors = [g for g in range(num_groups) if g not in replay and group_tasks[g] not in self.experience.retired]
+    def _replace_retired(self, retired, replay, group_tasks, group_examples) -> tuple[int, int]:
+        """Give each retired group without a replay task a random other group's task (in place); returns how many
+        retired groups were replaced and how many kept their task (no other group to take from)."""
+        donors = [g for g in range(len(group_tasks)) if g not in replay and group_tasks[g] not in self.experience.retired]
         replaced = kept = 0
         for g in retired:
             if g in replay:
                 replaced += 1
             elif donors:
-                donor = donors[rng.randrange(len(donors))]
+                donor = donors[self.experience.rng.randrange(len(donors))]
                 group_tasks[g], group_examples[g] = group_tasks[donor], group_examples[donor]
                 replaced += 1
             else:
                 kept += 1
-
-        local = range(offset, offset + local_count)
-        new_inputs = [
-            inputs[i - offset] if group_tasks[i // n] == task_ids[i] else dict(group_examples[i // n]) for i in local
-        ]
-        fresh_counts = [
-            sum(1 for i in range(r * local_count, (r + 1) * local_count) if stored[i] is None)
-            for r in range(self.accelerator.num_processes)
-        ]
-        return ReplayPlan(
-            local_inputs=new_inputs,
-            stored=[stored[i] for i in local],
-            stored_prompt_ids=[stored_prompts[i] for i in local],
-            group_tasks=group_tasks,
-            global_stored=[s is not None for s in stored],
-            global_trajectories=stored,
-            fresh_max=max(fresh_counts),
-            offset=offset,
-            num_replay_groups=len(replay),
-            retired_replaced=replaced,
-            retired_kept=kept,
-        )
+        return replaced, kept
 
     def _success(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         values = rewards_per_func[:, self._success_index]
@@ -436,14 +467,15 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
                 wanted.extend(wins)
         return outcomes, wanted
 
-    def _local_record(self, plan: ReplayPlan, output, i: int) -> CollectedRow | None:
+    def _local_record(self, batch: ReplayBatch, output, i: int) -> CollectedRow | None:
         length = int(output["completion_mask"][i].sum().item())
         if length == 0:  # masked out (e.g. truncated with mask_truncated_completions): nothing to replay
             return None
         if self._sampler_masked(output, i):  # trains at weight 0 now: not a trajectory to replay at full weight
             return None
-        rewards = self._last_rewards_per_func[plan.offset + i]
-        tools = "tool_mask" in output and self._last_episodes is not None
+        plan = batch.plan
+        rewards = batch.rewards_per_func[plan.offset + i]
+        tools = "tool_mask" in output and batch.episodes is not None
         return CollectedRow(
             completion_ids=output["completion_ids"][i, :length].cpu(),
             # The entropy that ranks stored trajectories is the model's, over its own tokens.
@@ -453,7 +485,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
             prompt_ids=output["prompt_ids"][i][output["prompt_mask"][i].bool()].cpu(),
             example=plan.local_inputs[i],
             tool_mask=output["tool_mask"][i, :length].bool().cpu() if tools else None,
-            completion=self._last_episodes[i] if tools else None,
+            completion=batch.episodes[i] if tools else None,
             env_rewards={self.reward_func_names[c]: float(rewards[c]) for c in self._env_reward_columns} or None,
         )
 
@@ -505,8 +537,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
 
     def _flush_pending(self) -> None:
         """Apply a collection that waited for the loss forward (a collective: every process calls it together)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
+        if self._batch is not None and self._batch.collection is not None:
+            pending, self._batch.collection = self._batch.collection, None
             self._collect(pending)
 
     def train(self, *args, **kwargs):
@@ -539,13 +571,14 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
 
     # -- the loss --------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        collect = inputs.get("replay_collect") if self._pending is not None else None
+        pending = self._batch.collection if self._batch is not None else None
+        collect = inputs.get("replay_collect") if pending is not None else None
         if "exp_mask" not in inputs:
             capture = []
             with scoped_call(self, _capture_forward=capture if collect is not None else None):
                 loss = super()._compute_loss(model, inputs)
             if capture:
-                self._fill_pending(collect, inputs, *capture)
+                self._fill_pending(pending, collect, *capture)
             return loss
         args = self.args
         mode = "train" if self.model.training else "eval"
@@ -562,7 +595,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
             on_loss = super()._compute_loss(model, on_inputs)
         per_token_logps = capture[0]
         if collect is not None:
-            self._fill_pending(collect, inputs, *capture)
+            self._fill_pending(pending, collect, *capture)
 
         recorded = inputs["old_per_token_logps"] if args.exp_is_correct else None
         log_ratio, clamped = importance_log_ratio(per_token_logps, recorded)
@@ -596,9 +629,11 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRoun
         self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask, clamped)
         return loss
 
-    def _fill_pending(self, collect, inputs, logps, entropies) -> None:
+    @staticmethod
+    def _fill_pending(pending: PendingCollection, collect, logps, entropies) -> None:
+        """Give the rows waiting in `pending` their log-probs and entropies from the loss forward over `collect`."""
         for i in torch.nonzero(collect >= 0).flatten().tolist():
-            record = self._pending.records.get(int(collect[i]))
+            record = pending.records.get(int(collect[i]))
             if record is not None and record.logps is None:
                 record.fill(logps[i], entropies[i])
 

@@ -2,7 +2,7 @@
 
 Per prompt, `G_a` answers are sampled; then, for each answer, `G_c` confidences are sampled in a second turn whose
 context is the prompt, that answer, and a user message asking for a confidence. Accuracy rewards the answers, the
-Brier score rewards the confidences against their own answer's correctness, and both row types train in one update.
+Brier score rewards the confidences against their own answer's correctness, and both row kinds train in one update.
 
 The turn-2 prompt is built on token ids, so it is exactly what the model sampled in plus the template's follow-up
 tokens; templates that render earlier assistant turns differently once a user message follows (Qwen3 and its
@@ -11,9 +11,12 @@ successors) are swapped for TRL's prefix-preserving training version, for both t
 Both turns run through `GRPOTrainer._generate_and_score_completions`, so generation (vLLM server/colocate,
 transformers), old/ref log-probs and vLLM's importance-sampling correction are TRL's own. The confidence turn runs it
 inside `_confidence_turn()`, which scopes what differs for that call: the group size (`G_c`), the reward function
-(Brier), the scaling, the generation length and settings, and the prompt ids, built by token concatenation in
-`_tokenize_prompts`. The trainer then adds span masks (`tool_mask`), weights and re-normalises advantages, and
-concatenates the rows. The loss is TRL's, unchanged: it reads the span mask and per-row advantages.
+(Brier), the scaling, the generation length and settings, and the prompt ids, built by token concatenation and
+returned by `_tokenize_prompts`. The trainer then adds span masks (`tool_mask`), weights and re-normalises advantages,
+and concatenates the rows. The loss is TRL's, unchanged: it reads the span mask and per-row advantages.
+
+Names: a row's kind is ANSWER or CONFIDENCE (batch key `sample_type`); an answer row and its confidence rows are a
+family (batch key `answer_index`, the process-local index of the answer).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import logging
 import math
 import textwrap
 from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from trl import GRPOTrainer
-from trl.data_utils import is_conversational
 
 from ..core.advantages import group_advantages
-from ..core.batch import concat_row_batches, group_rows, merge_rows, trim_padding
+from ..core.batch import group_rows, merge_rows, trim_padding
 from ..core.confidence_diagnostics import confidence_correctness_correlation, confidence_leak, confidence_spread
 from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attention_mask, tree_mask_unsupported
 from ..core.spans import span_token_mask
@@ -36,22 +41,35 @@ from ..core.turns import follow_up_turn
 from ..evaluation.calibration import calibration_report
 from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
+from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
-from .dataset_checks import check_not_empty
+from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
+from .row_batches import concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
 
 
-ANSWER, CONFIDENCE = 0, 1
+ANSWER, CONFIDENCE = 0, 1  # row kinds
+KIND_KEY = "sample_type"  # batch key: a row's kind
+FAMILY_KEY = "answer_index"  # batch key: a row's family, the process-local index of its answer
 LABEL_COLUMN = "answer_correct"  # the parent answer's accuracy, passed to the Brier reward
-FAMILY_KEY = "answer_index"  # batch key: the process-local index of a row's answer (its own index for answer rows)
 
 logger = logging.getLogger(__name__)
 
 
-class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimit, GRPOTrainer):
+@dataclass(frozen=True)
+class ForwardRows:
+    """What a forward pass is told about the rows it scores: their kinds (each kind then gets a forward of its own,
+    cut to its own padding) and their families (each family then packed around its shared prefix). `None`: TRL's
+    forward over the rows as given."""
+
+    kinds: torch.Tensor | None = None
+    families: torch.Tensor | None = None
+
+
+class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, VLLMContextLimit, GRPOTrainer):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
     Args:
@@ -66,8 +84,8 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             and the gold answer in `args.solution_column`.
 
     Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
-    with `sample_type` (0 answer, 1 confidence), `answer_index` (the process-local index of the row's answer) and the
-    loss-only span mask in `tool_mask`.
+    with the row kind in `sample_type` (0 answer, 1 confidence), the row's family in `answer_index` (the
+    process-local index of its answer) and the loss-only span mask in `tool_mask`.
     """
 
     _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
@@ -87,15 +105,9 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
     }
 
     def __init__(self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs):
-        if args is None:
-            args = RLCRMultiTurnConfig("RLCR-multi-turn")
-        if not isinstance(args, RLCRMultiTurnConfig):
-            raise TypeError(f"args must be an RLCRMultiTurnConfig, got {type(args).__name__}.")
-        if kwargs.get("rollout_func") is not None:
-            raise ValueError(
-                "RLCRMultiTurnTrainer does not support `rollout_func`: it builds its own two-turn rollout (an answer, "
-                "then a confidence turn generated after it), which a rollout_func would replace."
-            )
+        args = checked_args(args, RLCRMultiTurnConfig, "RLCR-multi-turn")
+        refuse_rollout_func(kwargs, "RLCRMultiTurnTrainer", "it builds its own two-turn rollout (an answer, then a "
+                            "confidence turn generated after it), which a rollout_func would replace.")
         for unsupported in ("tools", "environment_factory"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(
@@ -104,8 +116,12 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
                     "as model text; a tool transcript inside it is not modelled. For tool episodes use "
                     "ReplayGRPOTrainer or AbsoluteZeroTrainer."
                 )
-        for split in ("train_dataset", "eval_dataset"):
-            _check_dataset(kwargs.get(split), split, args.solution_column)
+        check_datasets(kwargs, partial(
+            check_conversational_prompts,
+            why="the confidence turn continues the conversation through the chat template",
+            required={args.solution_column: "it must hold the gold answers: rename the column or set "
+                                            "RLCRMultiTurnConfig.solution_column"},
+        ))
 
         extra = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
         accuracy = make_accuracy_reward(
@@ -144,15 +160,11 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             self.chat_template = self._turn.chat_template
         self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
-        self._turn2_prompt_ids = None  # set while the confidence turn generates
-        self._row_types = None  # `sample_type` of the micro-batch while the loss runs
-        self._row_families = None  # `answer_index` of the micro-batch while the loss runs, when packing
+        self._forward_rows = ForwardRows()  # scoped by the loss and the confidence turn
         self._share_prefix = args.share_prefix
         if args.share_prefix and (reason := tree_mask_unsupported(self.model.config)):
             logger.warning(f"share_prefix=True but {reason}: answer and confidence rows are scored one by one.")
             self._share_prefix = False
-        self._last_generation = None  # (prompt_ids, completion_ids) of the latest `_generate`
-        self._last_rewards_per_func = None  # gathered rewards of the latest `_calculate_rewards`
 
         # split_tensor_dict drops a remainder silently: the (1 + G_c) rows per answer row must split evenly.
         local_rows = args.generation_batch_size // self.accelerator.num_processes * (1 + args.num_generations_confidence)
@@ -164,20 +176,6 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             )
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
-    def _tokenize_prompts(self, prompts):
-        if self._turn2_prompt_ids is not None:
-            return self._turn2_prompt_ids, None, {}
-        return super()._tokenize_prompts(prompts)
-
-    def _generate(self, prompts):
-        result = super()._generate(prompts)
-        self._last_generation = (result[0], result[1])
-        return result
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._last_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        return self._last_rewards_per_func
-
     def _prepare_inputs(self, generation_batch):
         buffered = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
@@ -189,40 +187,41 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         return inputs
 
     def _compute_loss(self, model, inputs):
-        # lets the forward pass below pack answer families, or pad each row type on its own
-        families = inputs.get(FAMILY_KEY) if self._share_prefix else None
-        with scoped_call(self, _row_types=inputs.get("sample_type"), _row_families=families):
+        # lets the forward pass below pack families, or pad each row kind on its own
+        rows = ForwardRows(inputs.get(KIND_KEY), inputs.get(FAMILY_KEY) if self._share_prefix else None)
+        with scoped_call(self, _forward_rows=rows):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
         compute_aux_loss=False, **kwargs,
     ):
-        """In the loss forward, run answer rows and confidence rows separately, each cut to its own padding.
+        """In the loss forward, run answer rows and confidence rows separately, each cut to its own padding (or pack
+        each family, see `_packed_logps_and_entropies`).
 
         A shared micro-batch pads answer rows to the confidence prompts' width (which contain the answer) and
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
         row of the type uses. The model sees positions 0..L-1 whatever the padding (as in TRL's own batches), so
         with rotary embeddings a row's log-probs do not depend on how much padding precedes it.
 
-        With several processes, both row types get their forward even when the micro-batch lacks one (see
+        With several processes, both row kinds get their forward even when the micro-batch lacks one (see
         `_forward_row_kinds`).
         """
-        types = self._row_types
+        kinds = self._forward_rows.kinds
         multimodal = any(value is not None for value in kwargs.values())
-        if self._row_families is not None and not compute_aux_loss and not multimodal:
+        if self._forward_rows.families is not None and not compute_aux_loss and not multimodal:
             return self._packed_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        kinds = None if types is None else self._forward_row_kinds(types)
-        if types is None or compute_aux_loss or multimodal or len(kinds) < 2:
+        forwards = None if kinds is None else self._forward_row_kinds(kinds)
+        if kinds is None or compute_aux_loss or multimodal or len(forwards) < 2:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **kwargs,
             )
         parts, order, stand_ins = [], [], []
-        for kind in kinds:
-            rows = torch.nonzero(types == kind).flatten()
+        for kind in forwards:
+            rows = torch.nonzero(kinds == kind).flatten()
             if rows.numel() == 0:
                 stand_ins.append(self._stand_in_forward(model, input_ids))
                 continue
@@ -237,7 +236,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             logps = logps + zero  # exactly 0: the stand-in joins the graph, so its backward runs too
         return logps, entropies, None
 
-    def _forward_row_kinds(self, types):
+    def _forward_row_kinds(self, kinds):
         """The row kinds the loss forward scores one forward each: every kind with several processes.
 
         Each forward (and its backward) is a collective under DDP (buffer broadcast), ZeRO-3 and FSDP (parameter
@@ -246,7 +245,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         """
         if self.accelerator.num_processes > 1:
             return [ANSWER, CONFIDENCE]
-        return types.unique().tolist()
+        return kinds.unique().tolist()
 
     def _stand_in_forward(self, model, input_ids):
         """Forward one short row for a kind this process lacks; returns a zero joined to its graph."""
@@ -255,8 +254,8 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         return (logps.sum() * 0.0).nan_to_num(0.0)
 
     def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
-        """Score `self._row_families` packed, `batch_size` rows at a time in whole families (TRL's chunking)."""
-        families = self._row_families.to(input_ids.device)
+        """Score the rows packed by family, `batch_size` rows at a time in whole families (TRL's chunking)."""
+        families = self._forward_rows.families.to(input_ids.device)
         attn_implementation = self.accelerator.unwrap_model(model).config._attn_implementation
         parts, order = [], []
         for rows in family_chunks(families, batch_size or input_ids.size(0)):
@@ -279,15 +278,16 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             order.append(rows)
         return (*merge_rows(parts, order, logits_to_keep), None)
 
+    @contextmanager
     def _confidence_turn(self, turn2_prompt_ids, mode):
-        """Scope what differs in the confidence turn's call of `_generate_and_score_completions`; the metrics it
-        appends (lengths, reward stats, IS ratios) move under `confidence/`."""
+        """Scope what differs in the confidence turn's call of `_generate_and_score_completions` and record that call;
+        the metrics it appends (lengths, reward stats, IS ratios) move under `confidence/`."""
         args = self.args
         # the G_c siblings of an answer share their whole prompt: TRL's old/ref log-prob passes score them packed
         siblings = torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
-        return scoped_call(
+        with scoped_call(
             self,
-            mode,
+            mode=mode,
             prefix="confidence",
             max_new_tokens=args.max_confidence_length,
             generation=self._generation["confidence"],
@@ -304,9 +304,11 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
             _logs={"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
                    "extra": defaultdict(list)},
-            _turn2_prompt_ids=turn2_prompt_ids,
-            _row_families=siblings,
-        )
+            # the prompt ids are built on tokens, not rendered from the prompts
+            _tokenize_prompts=lambda prompts: (turn2_prompt_ids, None, {}),
+            _forward_rows=ForwardRows(families=siblings),
+        ), self.recording() as record:
+            yield record
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -316,10 +318,11 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         g_c = args.num_generations_confidence
 
         # Turn 1: answers, scored by accuracy (+ extra reward functions), GRPO advantages within each prompt.
-        answers = super()._generate_and_score_completions(inputs)
-        prompt_ids, answer_ids = self._last_generation
-        rewards = self._last_rewards_per_func
-        local = self._local_slice(len(inputs))
+        with self.recording() as answer_turn:
+            answers = super()._generate_and_score_completions(inputs)
+        prompt_ids, answer_ids = answer_turn.prompt_ids, answer_turn.completion_ids
+        rewards = answer_turn.rewards_per_func
+        local = local_rows(self.accelerator, len(inputs))
         # Accuracy is reward function 0. NaN: the row had no gold answer, so its confidences get no label (no Brier).
         correct = [None if math.isnan(c) else c for c in rewards[local, 0].clamp(0, 1).round().tolist()]
 
@@ -334,16 +337,16 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             for _ in range(g_c):
                 turn2_prompt_ids.append(ids)
                 turn2_inputs.append({**row, "prompt": conversation, LABEL_COLUMN: label})
-        with self._confidence_turn(turn2_prompt_ids, mode):
+        with self._confidence_turn(turn2_prompt_ids, mode) as confidence_turn:
             confidences = super()._generate_and_score_completions(turn2_inputs)
-        confidence_ids = self._last_generation[1]
-        brier = self._last_rewards_per_func[:, 0]
+        confidence_ids = confidence_turn.completion_ids
+        brier = confidence_turn.rewards_per_func[:, 0]
 
         # Span masks (loss only), delivered as `tool_mask`.
         answer_mask, answer_closed = self._span_masks(answer_ids, self._answer_span, answers["completion_ids"])
         confidence_mask, _ = self._span_masks(confidence_ids, self._confidence_span, confidences["completion_ids"])
-        answers["tool_mask"] = answer_mask * answers.get("tool_mask", 1)
-        confidences["tool_mask"] = confidence_mask * confidences.get("tool_mask", 1)
+        restrict_loss(answers, answer_mask)
+        restrict_loss(confidences, confidence_mask)
 
         # Advantages: lambda-weighted; confidence rows optionally re-standardised over the prompt's G_a * G_c rows.
         answers["advantages"] = answers["advantages"] * args.lambda_ans
@@ -351,17 +354,14 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
         if args.confidence_normalization == "answer_then_prompt":
             gathered = self.accelerator.gather(conf_adv).clone()
             gathered[torch.isnan(brier.to(gathered.device))] = math.nan  # unlabelled rows stay out, and at 0
-            conf_adv = group_advantages(gathered, g_a * g_c)[self._local_slice(len(turn2_inputs))]
+            conf_adv = group_advantages(gathered, g_a * g_c)[local_rows(self.accelerator, len(turn2_inputs))]
         confidences["advantages"] = conf_adv * args.lambda_conf
 
         device = answers["advantages"].device
-        answers["sample_type"] = torch.full((len(inputs),), ANSWER, dtype=torch.long, device=device)
-        confidences["sample_type"] = torch.full((len(turn2_inputs),), CONFIDENCE, dtype=torch.long, device=device)
         answers[FAMILY_KEY] = torch.arange(len(inputs), device=device)
         confidences[FAMILY_KEY] = torch.arange(len(inputs), device=device).repeat_interleave(g_c)
-        batch = concat_row_batches([answers, confidences], pad_token_id=self._tokenizer.pad_token_id)
-        loss_mask = batch["completion_mask"] * batch["tool_mask"]
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        batch = concat_row_kinds({ANSWER: answers, CONFIDENCE: confidences}, KIND_KEY, self._tokenizer.pad_token_id,
+                                 self.accelerator)
 
         self._log_turns(mode, rewards, brier, answer_texts, answer_closed, confidence_ids, g_c)
         return batch
@@ -374,10 +374,6 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, VLLMContextLimi
             for name, tensor in values.items():
                 if tensor.numel():
                     log(f"histograms/{name}", tensor.float(), self.state.global_step)
-
-    def _local_slice(self, n_local):
-        start = self.accelerator.process_index * n_local
-        return slice(start, start + n_local)
 
     def _span_masks(self, completion_ids, span, padded):
         start_tags, end_tag = span
@@ -472,27 +468,3 @@ def _histogram_sinks(callbacks):
                 sinks.append(lambda name, values, step, w=wandb: w.log({name: w.Histogram(values.tolist())}, commit=False))
     return sinks
 
-
-def _check_dataset(dataset, split, solution_column):
-    """Fail at init, naming the column, rather than at the first reward call."""
-    if dataset is None:
-        return
-    check_not_empty(dataset, split)
-    datasets = dataset.values() if isinstance(dataset, dict) else [dataset]
-    for ds in datasets:
-        columns = getattr(ds, "column_names", None)
-        if columns is None:
-            continue
-        if "prompt" not in columns:
-            raise ValueError(f"{split} has no 'prompt' column (columns: {columns}).")
-        if solution_column not in columns:
-            raise ValueError(
-                f"{split} has no gold-answer column {solution_column!r} (columns: {columns}); rename the column or "
-                "set RLCRMultiTurnConfig.solution_column."
-            )
-        first = next(iter(ds))
-        if not is_conversational(first):
-            raise ValueError(
-                f"{split} prompts must be conversational (a list of messages): the confidence turn continues the "
-                "conversation through the chat template."
-            )

@@ -54,11 +54,12 @@ def use_turn_generation(trainer, turn: TurnGeneration) -> None:
 
 
 @contextmanager
-def scoped_call(trainer, mode: str | None = None, prefix: str | None = None, max_new_tokens: int | None = None,
+def scoped_call(trainer, *, mode: str | None = None, prefix: str | None = None, max_new_tokens: int | None = None,
                 generation: TurnGeneration | None = None, **attributes):
     """Set `attributes` on `trainer` (and, if given, the turn's generation settings and every generation backend's
     maximum new tokens) for the duration of the block, then restore them. Metrics the block appends to
-    `trainer._metrics[mode]` move under `prefix/`.
+    `trainer._metrics[mode]` move under `prefix/`. Every setting is a keyword, so that a call site names what it
+    scopes; an attribute cannot be called `mode`, `prefix`, `max_new_tokens` or `generation`.
 
     An attribute the instance did not hold itself (a method, or one shadowed only for the block) is deleted again
     rather than set to the class's value, so a method stays a method and an outer shadow (a test harness) is kept.

@@ -126,18 +126,14 @@ def _replace_into(path: str, write) -> None:
             os.remove(tmp)
 
 
-def load_state(folder: str | os.PathLike, name: str, owner: str, legacy_file: str | None = None) -> Any:
+def load_state(folder: str | os.PathLike, name: str, owner: str) -> Any:
     """Read the state `name` from checkpoint `folder`, or raise [`CheckpointStateError`] naming the file and the fix.
 
-    `owner` (the trainer's name) goes into the messages. `legacy_file`: the torch file an earlier version wrote
-    instead, read (when the new files are absent) with `torch.load(weights_only=True)`, which refuses anything but
-    tensors and plain containers.
+    `owner` (the trainer's name) goes into the messages.
     """
     json_path, tensor_path = state_paths(folder, name)
     restart = _restart_hint(owner)
     if not os.path.exists(json_path):
-        if legacy_file is not None and os.path.exists(os.path.join(folder, legacy_file)):
-            return _load_legacy(os.path.join(folder, legacy_file), restart)
         raise CheckpointStateError(
             f"{json_path} is missing, so {owner}'s state cannot be restored (the checkpoint was not written by "
             f"{owner}, or its save was interrupted). {restart}"
@@ -209,16 +205,6 @@ def _restart_hint(owner: str) -> str:
     )
 
 
-def _load_legacy(path: str, restart: str) -> Any:
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as error:  # noqa: BLE001 - torch raises UnpicklingError, EOFError, RuntimeError, ...
-        raise CheckpointStateError(
-            f"{path} was refused: it holds something other than tensors and plain containers (a crafted or foreign "
-            f"file; nothing in it was run) or is truncated ({type(error).__name__}). {restart}"
-        ) from error
-
-
 class CheckpointStateMixin:
     """For `Trainer` subclasses: crash-consistent checkpoints (a failed save removes the folder it started,
     `resume_from_checkpoint=True` takes the latest complete one) and the trainer's state across steps, saved in each
@@ -226,12 +212,10 @@ class CheckpointStateMixin:
 
     A trainer with state sets `checkpoint_state_name` (the file stem) and implements `checkpoint_state()` (the state,
     identical on every process, or `None` for nothing to save) and `load_checkpoint_state(state)`; one without leaves
-    the name `None`. `checkpoint_state_legacy_file` names a torch file an earlier version wrote instead (read with
-    `weights_only=True`).
+    the name `None`.
     """
 
     checkpoint_state_name: str | None = None
-    checkpoint_state_legacy_file: str | None = None
 
     def checkpoint_state(self) -> Any:
         return None
@@ -266,13 +250,11 @@ class CheckpointStateMixin:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and self.checkpoint_state_name is not None:
             owner = type(self).__name__
-            state = load_state(checkpoint, self.checkpoint_state_name, owner, self.checkpoint_state_legacy_file)
+            state = load_state(checkpoint, self.checkpoint_state_name, owner)
             try:
                 self.load_checkpoint_state(state)
             except (KeyError, TypeError, ValueError, AttributeError) as error:
                 path = state_paths(checkpoint, self.checkpoint_state_name)[0]
-                if not os.path.exists(path):  # the state came from the legacy file
-                    path = os.path.join(checkpoint, self.checkpoint_state_legacy_file)
                 raise CheckpointStateError(
                     f"{path} does not hold the state {owner} expects ({error!r}): it is corrupt or was written by "
                     f"another trainer. {_restart_hint(owner)}"
