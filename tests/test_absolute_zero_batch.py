@@ -87,7 +87,7 @@ def test_no_repropose(tmp_path):
     trainer = make_trainer(tmp_path)
     gen, batch, log = run(trainer, "no_repropose")
     assert calls(gen) == [(2, 4), (2, 8)]  # one proposer call (2 prompts x K), one solver call (4 questions x 2)
-    assert batch["role"].tolist() == [0, 0, 0, 0, 1, 1]
+    assert batch["row_kind"].tolist() == [0, 0, 0, 0, 1, 1]
     assert texts(trainer, batch, range(6)) == ANSWERS["1+1"] + ANSWERS["3*3"] + [
         "<question>1+1</question>", "<question>3*3</question>"]  # the selected (only learnable) proposals
     torch.testing.assert_close(batch["advantages"], torch.tensor([ADV_11, -ADV_11, ADV_33, -ADV_33, 0.0, 0.0]))
@@ -142,7 +142,7 @@ def test_all_proposals_invalid_costs_no_solver_generation(tmp_path):
 def test_all_proposer_rows_are_normalised_within_the_prompt(tmp_path):
     trainer = make_trainer(tmp_path, proposer_rows="all", proposer_loss_weight=0.5)
     gen, batch, log = run(trainer, "no_repropose")
-    assert batch["role"].tolist() == [0] * 4 + [1] * 4
+    assert batch["row_kind"].tolist() == [0] * 4 + [1] * 4
     assert texts(trainer, batch, range(4, 8)) == MIXED_A + MIXED_B
     adv = 0.5 / (0.5 ** 0.5 + 1e-4)  # rewards [1, 0] in each group
     torch.testing.assert_close(batch["advantages"][4:], torch.tensor([adv, -adv, adv, -adv]))
@@ -168,7 +168,7 @@ def test_proposer_padding_keeps_rows_divisible(tmp_path):
     trainer = make_trainer(tmp_path, prompts="ABA", per_device_train_batch_size=3, gradient_accumulation_steps=2,
                            steps_per_generation=2)
     _, batch, log = run(trainer, "no_repropose")
-    assert batch["role"].tolist() == [0] * 6 + [1] * 4
+    assert batch["row_kind"].tolist() == [0] * 6 + [1] * 4
     assert batch["tool_mask"][-1].sum() == 0 and batch["advantages"][-1] == 0  # the padding row
     assert log["proposer/num_integrated"] == 3
 

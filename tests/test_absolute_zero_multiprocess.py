@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "absolute_zero_ranks.py"
 
 
 def by_role(result, role):
-    return [a for a, r in zip(result["advantages"], result["role"]) if r == role]
+    return [a for a, r in zip(result["advantages"], result["row_kind"]) if r == role]
 
 
 @pytest.mark.multiprocess
@@ -30,7 +30,7 @@ def test_repropose_on_one_rank_only():
     # Rank 0's rows then rank 1's equal the single process's rows, role by role.
     for role in (0, 1):
         assert by_role(ranks[0], role) + by_role(ranks[1], role) == pytest.approx(by_role(single, role), abs=1e-6)
-    solver_trained = [t for r in ranks for t, role in zip(r["trained"], r["role"]) if role == 0]
+    solver_trained = [t for r in ranks for t, role in zip(r["trained"], r["row_kind"]) if role == 0]
     assert solver_trained == [True] * 6 + [False] * 2  # D is unresolved
     assert any(abs(a) > 0.1 for a in by_role(single, 1))  # proposer rewards [1, 1, 1, -0.5] have contrast
 

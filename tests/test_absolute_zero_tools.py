@@ -148,7 +148,7 @@ def test_episodes_with_0_1_2_tool_calls(tmp_path):
     assert [r["target"] for r in resets] == [1, 1, 0, 0, 2, 2, 0, 0]
 
     # Joint batch: 4 solver rows (A's selected question, B's), then 2 proposer rows.
-    assert batch["role"].tolist() == [0, 0, 0, 0, 1, 1]
+    assert batch["row_kind"].tolist() == [0, 0, 0, 0, 1, 1]
     calls = [row_text(trainer, batch, r).count("<tool_call>") for r in range(4)]
     assert calls == [0, 1, 0, 2]
     # tool_mask is 0 exactly on the tool-output tokens (TRL's suffix: the tool turn and the next assistant header).

@@ -55,7 +55,7 @@ def test_real_generation_trains_and_resumes(tmp_path):
         assert math.isfinite(log["loss"]) and 0 <= log["unified_filter/learnable_ratio"] <= 1
         assert log["generation/calls"] in (2, 4)  # one round, or a repropose round too
     for batch in rec.batches:
-        assert batch["role"].tolist() == [0] * 4 + [1] * 2
+        assert batch["row_kind"].tolist() == [0] * 4 + [1] * 2
         assert all(torch.isfinite(v).all() for v in batch.values() if v.is_floating_point())
     assert changed_parameters(before, trainer.model)
 
@@ -111,7 +111,7 @@ def test_proposer_loss_weight_scales_the_proposer_rows(tmp_path):
         with ScriptedGeneration(trainer, scripted), BatchRecorder(trainer) as rec:
             trainer.train()
         batch = rec.batches[0]
-        proposer = batch["role"] == 1
+        proposer = batch["row_kind"] == 1
         assert batch["advantages"][proposer].abs().gt(0.5).all()  # rewards [1, -1] in each group
         solver_only = {**batch, "advantages": batch["advantages"] * ~proposer}
         losses[weight] = [gradient(trainer, b) for b in (batch, solver_only)]

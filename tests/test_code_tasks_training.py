@@ -36,7 +36,7 @@ def test_one_step_validates_scores_and_grows_the_buffer(tmp_path):
     assert "def f(x):\n    return x" in prompts[4]  # the induction proposer got the buffer's (only) program
 
     batch = rec.batches[0]
-    solver = batch["advantages"][batch["role"] == 0]
+    solver = batch["advantages"][batch["row_kind"] == 0]
     assert solver.tolist()[::2] == pytest.approx([0.7070] * 3, abs=1e-3)  # the right response of each pair
     assert solver.tolist()[1::2] == pytest.approx([-0.7070] * 3, abs=1e-3)
     log = trainer.state.log_history[0]
@@ -87,6 +87,6 @@ def test_two_ranks_hold_identical_buffers_and_share_the_executions():
                 assert log[key] == pytest.approx(value), key
     for role in (0, 1):
         for step in range(2):
-            merged = [a for r in ranks for a, x in zip(r["advantages"][step], r["role"][step]) if x == role]
-            alone = [a for a, x in zip(single["advantages"][step], single["role"][step]) if x == role]
+            merged = [a for r in ranks for a, x in zip(r["advantages"][step], r["row_kind"][step]) if x == role]
+            alone = [a for a, x in zip(single["advantages"][step], single["row_kind"][step]) if x == role]
             assert merged[:len(alone)] == pytest.approx(alone, abs=1e-6)  # then a zero-loss padding proposer row

@@ -79,7 +79,7 @@ def test_two_generation_calls_with_their_own_group_sizes_and_lengths(step):
 def test_rows_and_order(step):
     trainer, gen, batch, _ = step
     tok = trainer.processing_class
-    assert batch["sample_type"].tolist() == [0] * 4 + [1] * 8
+    assert batch["row_kind"].tolist() == [0] * 4 + [1] * 8
     assert batch["completion_ids"].shape[0] == 12 and batch["prompt_ids"].shape[0] == 12
     answers = [tok.decode(ids, skip_special_tokens=True) for ids in gen.calls[0].completion_ids]
     assert answers == ANSWERS["2+3"] + ANSWERS["7*6"]
@@ -262,7 +262,7 @@ def test_loss_forward_equals_the_parents_shared_padded_forward(step, share_prefi
     else:  # the split is real: the two row types are padded differently in the shared batch
         assert [shape[0] for shape in forwards[:2]] == [4, 8]
         prompt_widths = batch["prompt_mask"].sum(-1)
-        assert prompt_widths[batch["sample_type"] == 1].min() > prompt_widths[batch["sample_type"] == 0].max()
+        assert prompt_widths[batch["row_kind"] == 1].min() > prompt_widths[batch["row_kind"] == 0].max()
 
 
 def test_micro_batches_hold_whole_answer_families(tmp_path):
@@ -274,16 +274,16 @@ def test_micro_batches_hold_whole_answer_families(tmp_path):
     trainer._compute_loss = lambda model, inputs: (micro.append(inputs), original(model, inputs))[1]
     with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
         trainer.train()
-    assert [len(m["answer_index"]) for m in micro] == [6, 6]
-    families = [set(m["answer_index"].tolist()) for m in micro]
+    assert [len(m["family"]) for m in micro] == [6, 6]
+    families = [set(m["family"].tolist()) for m in micro]
     assert len(families[0]) == len(families[1]) == 2 and not families[0] & families[1]
     seen = sorted((int(t), int(i), m["completion_ids"][r].tolist()) for m in micro
-                  for r, (t, i) in enumerate(zip(m["sample_type"], m["answer_index"], strict=True)))
+                  for r, (t, i) in enumerate(zip(m["row_kind"], m["family"], strict=True)))
     batch = rec.batches[0]
     expected = sorted((int(t), int(i), batch["completion_ids"][r].tolist()) for r, (t, i) in
-                      enumerate(zip(batch["sample_type"], batch["answer_index"], strict=True)))
+                      enumerate(zip(batch["row_kind"], batch["family"], strict=True)))
     assert seen == expected
-    assert batch["answer_index"].tolist() == [0, 1, 2, 3] + [0, 0, 1, 1, 2, 2, 3, 3]
+    assert batch["family"].tolist() == [0, 1, 2, 3] + [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def test_share_prefix_falls_back_with_a_warning(tmp_path, caplog):

@@ -101,7 +101,7 @@ def test_qwen3_exact_batch(qwen3_step):
         assert batch["prompt_ids"][4 + i, -n:].tolist() == turn2  # the batch trains on that same prompt
 
     # Rows, span masks and advantages, by hand.
-    assert batch["sample_type"].tolist() == [0] * 4 + [1] * 8
+    assert batch["row_kind"].tolist() == [0] * 4 + [1] * 8
     mask = batch["tool_mask"] * batch["completion_mask"]
     ids = first.completion_ids + second.completion_ids
     trained = [tok.decode([t for t, m in zip(row, mask[r].tolist()) if m]) for r, row in enumerate(ids)]

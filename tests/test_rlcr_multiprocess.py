@@ -11,7 +11,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "rlcr_ranks.py"
 
 
 def split(result):
-    adv, kind = result["advantages"], result["sample_type"]
+    adv, kind = result["advantages"], result["row_kind"]
     return [a for a, k in zip(adv, kind) if k == 0], [a for a, k in zip(adv, kind) if k == 1]
 
 

@@ -50,7 +50,7 @@ def test_real_generation_trains_and_resumes(tmp_path):
     for log in trainer.state.log_history[:-1]:
         assert math.isfinite(log["loss"]) and "answer/accuracy" in log and "confidence/parse_fail_rate" in log
     for batch in rec.batches:
-        assert batch["sample_type"].tolist() == [0] * 4 + [1] * 8
+        assert batch["row_kind"].tolist() == [0] * 4 + [1] * 8
         assert all(torch.isfinite(v).all() for v in batch.values() if v.is_floating_point())
 
     # Scripted steps give non-zero advantages, so the weights must move.

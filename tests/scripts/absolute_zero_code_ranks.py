@@ -95,7 +95,7 @@ def main():
         "logs": [{k: v for k, v in log.items() if re.match(r"(task|proposer|unified_filter|solver)/", k)}
                  for log in trainer.state.log_history if "loss" in log],
         "advantages": [batch["advantages"].tolist() for batch in rec.batches],
-        "role": [batch["role"].tolist() for batch in rec.batches],
+        "row_kind": [batch["row_kind"].tolist() for batch in rec.batches],
     })
 
 

@@ -72,7 +72,7 @@ def main():
     real.train()
     write_rank_result({
         "advantages": batch["advantages"].tolist(),
-        "role": batch["role"].tolist(),
+        "row_kind": batch["row_kind"].tolist(),
         "trained": (batch["tool_mask"] * batch["completion_mask"]).sum(dim=1).gt(0).tolist(),
         "calls": [(c.num_generations, len(c.prompt_ids)) for c in gen.calls],
         "scripted_log": {k: v for k, v in trainer.state.log_history[0].items() if "/" in k},

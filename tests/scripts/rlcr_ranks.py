@@ -53,7 +53,7 @@ def main():
     real.train()
     write_rank_result({
         "advantages": batch["advantages"].tolist(),
-        "sample_type": batch["sample_type"].tolist(),
+        "row_kind": batch["row_kind"].tolist(),
         "scripted_log": {k: v for k, v in scripted_log.items() if "/" in k},
         "real_log": {k: v for k, v in real.state.log_history[0].items() if "/" in k},
         "digest": weights_digest(real.accelerator.unwrap_model(real.model)),

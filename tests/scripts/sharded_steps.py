@@ -109,8 +109,8 @@ def rank_order(batch):
     n = len(next(v for v in batch.values() if v is not None))
     if RANK == 0:
         return torch.arange(n)
-    if "answer_index" in batch:  # RLCR: each answer with its confidences, so every micro-batch mixes the kinds
-        return torch.sort(batch["answer_index"].cpu(), stable=True).indices
+    if "family" in batch:  # RLCR: each answer with its confidences, so every micro-batch mixes the kinds
+        return torch.sort(batch["family"].cpu(), stable=True).indices
     return torch.arange(n).flip(0)
 
 
@@ -171,8 +171,8 @@ def run(config, path):
 
         def compute_loss(model, inputs):
             rows.update(inputs["completion_ids"].cpu().numpy().tobytes())
-            if "sample_type" in inputs:  # RLCR: the row kinds of each micro-batch
-                kinds.append(sorted(set(inputs["sample_type"].tolist())))
+            if "row_kind" in inputs:  # RLCR: the row kinds of each micro-batch
+                kinds.append(sorted(set(inputs["row_kind"].tolist())))
             return original(model, inputs)
 
         stack.enter_context(mock.patch.object(trainer, "_compute_loss", compute_loss))

@@ -52,7 +52,7 @@ from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
-from .row_batches import concat_row_kinds, local_rows, restrict_loss
+from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
@@ -61,7 +61,6 @@ from .trainer_state import CheckpointStateMixin
 logger = logging.getLogger(__name__)
 
 SOLVER, PROPOSER = 0, 1  # row kinds
-KIND_KEY = "role"  # batch key: a row's kind
 # Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces), and
 # `environment`, with which a seed row picks one of several environments (a proposal must not choose it).
 _RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra",
@@ -152,7 +151,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             picks the environment from the seed row's `environment` column. `rollout_func` is not supported.
 
     Batch rows (per process): the solver rows, in the order of the seed rows received (rollout_n per prompt), then
-    the proposer rows with zero-loss padding; the row kind is in `role` (0 solver, 1 proposer), and `tool_mask` zeroes
+    the proposer rows with zero-loss padding; the row kind is in `row_kind` (0 solver, 1 proposer), and `tool_mask` zeroes
     the loss of tool-output tokens (TRL's), of unresolved prompts' solver rows and of padding rows.
 
     Scores that need the live environment (`get_reward`, reward functions reading `environments`) are computed in the

@@ -15,8 +15,8 @@ inside `_confidence_turn()`, which scopes what differs for that call: the group 
 returned by `_tokenize_prompts`. The trainer then adds span masks (`tool_mask`), weights and re-normalises advantages,
 and concatenates the rows. The loss is TRL's, unchanged: it reads the span mask and per-row advantages.
 
-Names: a row's kind is ANSWER or CONFIDENCE (batch key `sample_type`); an answer row and its confidence rows are a
-family (batch key `answer_index`, the process-local index of the answer).
+Names: a row's kind is ANSWER or CONFIDENCE (batch key `row_kind`); an answer row and its confidence rows are a
+family (batch key `family`, the process-local index of the answer).
 """
 
 from __future__ import annotations
@@ -46,14 +46,13 @@ from .context_limit import VLLMContextLimit
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
-from .row_batches import concat_row_kinds, local_rows, restrict_loss
+from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
 
 
 ANSWER, CONFIDENCE = 0, 1  # row kinds
-KIND_KEY = "sample_type"  # batch key: a row's kind
-FAMILY_KEY = "answer_index"  # batch key: a row's family, the process-local index of its answer
+FAMILY_KEY = "family"  # batch key: a row's family, the process-local index of its answer
 LABEL_COLUMN = "answer_correct"  # the parent answer's accuracy, passed to the Brier reward
 
 logger = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
             and the gold answer in `args.solution_column`.
 
     Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
-    with the row kind in `sample_type` (0 answer, 1 confidence), the row's family in `answer_index` (the
+    with the row kind in `row_kind` (0 answer, 1 confidence), the row's family in `family` (the
     process-local index of its answer) and the loss-only span mask in `tool_mask`.
     """
 

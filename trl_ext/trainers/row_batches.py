@@ -25,6 +25,9 @@ def restrict_loss(batch: dict, keep: torch.Tensor) -> None:
     batch["tool_mask"] = batch.get("tool_mask", torch.ones_like(batch["completion_mask"])) * keep
 
 
+KIND_KEY = "row_kind"  # batch key of a row's kind (RLCR: ANSWER/CONFIDENCE; Absolute Zero: SOLVER/PROPOSER)
+
+
 def concat_row_kinds(batches: dict[int, dict], key: str, pad_token_id: int, accelerator) -> dict:
     """One batch from the batches of several row kinds (`{kind: batch}`, in row order), each row tagged with its
     kind under `key`.
