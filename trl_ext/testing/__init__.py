@@ -8,11 +8,13 @@
 - `multiprocess`: run a script under `torchrun --nproc_per_node N` (gloo on CPU) and collect each rank's
   results, or load it in-process (`load_script`); `gloo_sharded_training` lets DeepSpeed and FSDP run across those
   processes.
+- `environments`: `Counter`, a tool environment (increment a counter to the row's target).
 - `fake_executor`: a stand-in for the sandbox's `execute_many` that answers from hand-written functions.
 - `vllm_server`: a loopback OpenAI-compatible server, and TRL's real vLLM server-mode client pointed at it.
 """
 
 from .config import cpu_test_args
+from .environments import Counter, logged_counter
 from .fake_executor import FakeExecutor
 from .multiprocess import (
     RankResults,
@@ -36,11 +38,12 @@ from .weights import changed_parameters, snapshot_parameters
 
 
 __all__ = [
+    "QWEN3_CHAT_TEMPLATES",
     "BatchRecorder",
+    "Counter",
     "FakeExecutor",
     "GenerationCall",
     "LoopbackVLLMServer",
-    "QWEN3_CHAT_TEMPLATES",
     "RankResults",
     "ScriptedGeneration",
     "ScriptedModelGenerate",
@@ -48,6 +51,7 @@ __all__ = [
     "cpu_test_args",
     "gloo_sharded_training",
     "load_script",
+    "logged_counter",
     "run_torchrun",
     "snapshot_parameters",
     "tiny_causal_lm",

@@ -20,7 +20,7 @@ from trl_ext.recipe.rlcr import RLCRScriptArguments
 from trl_ext.testing import tiny_checkpoint
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 CPU_FLAGS = ["--use_cpu", "true", "--bf16", "false"]
 
 

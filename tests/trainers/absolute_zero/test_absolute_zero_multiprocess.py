@@ -8,7 +8,7 @@ import pytest
 from trl_ext.testing import run_torchrun
 
 
-SCRIPT = Path(__file__).parent / "scripts" / "absolute_zero_ranks.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "absolute_zero_ranks.py"
 
 
 def by_role(result, role):

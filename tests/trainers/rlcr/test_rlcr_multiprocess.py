@@ -7,7 +7,7 @@ import pytest
 from trl_ext.testing import run_torchrun
 
 
-SCRIPT = Path(__file__).parent / "scripts" / "rlcr_ranks.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "rlcr_ranks.py"
 
 
 def split(result):

@@ -30,7 +30,7 @@ from trl_ext.trainers import (
 )
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def conversation(text):

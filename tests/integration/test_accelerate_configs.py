@@ -8,7 +8,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import DistributedType
 
 
-CONFIGS = Path(__file__).parent.parent / "accelerate_configs"
+CONFIGS = Path(__file__).parents[2] / "accelerate_configs"
 EXPECTED = {
     "single_gpu.yaml": (DistributedType.NO, 1),
     "multi_gpu.yaml": (DistributedType.MULTI_GPU, 8),

@@ -13,7 +13,7 @@ import pytest
 from trl_ext.testing import run_torchrun
 
 
-SCRIPT = Path(__file__).parent / "scripts" / "tool_ranks.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "tool_ranks.py"
 
 
 def tags(results):

@@ -15,7 +15,7 @@ from trl_ext.testing import BatchRecorder, ScriptedGeneration, load_script, run_
 from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
 
 
-SCRIPT = Path(__file__).parent / "scripts" / "absolute_zero_code_ranks.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "absolute_zero_code_ranks.py"
 scenario = load_script(SCRIPT)
 
 SORT_TRIPLET = {"program": scenario.SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}

@@ -14,7 +14,7 @@ from trl_ext.recipe import FINAL_STAGING, save_final_model
 from trl_ext.testing import cpu_test_args, tiny_causal_lm
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def trainer_for(output_dir):

@@ -16,7 +16,7 @@ from trl_ext.testing import ScriptedGeneration, ScriptedModelGenerate, load_scri
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 CPU_CONFIG = ROOT / "recipes/configs/absolute_zero_code_smollm2_cpu.yaml"
 GPU_CONFIG = ROOT / "recipes/configs/absolute_zero_code_qwen2.5_coder.yaml"
 

@@ -22,7 +22,7 @@ from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
 from trl_ext.testing import tiny_checkpoint
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 ROWS = [{"q": f"What is {i}+1?", "a": f"Work: {i} plus 1 #### {i + 1}"} for i in range(10)]
 
 

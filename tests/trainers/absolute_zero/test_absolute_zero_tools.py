@@ -20,6 +20,7 @@ from trl_ext.testing import (
     ScriptedGeneration,
     changed_parameters,
     cpu_test_args,
+    logged_counter,
     snapshot_parameters,
     tiny_causal_lm,
     tool_call_text,
@@ -28,36 +29,6 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 TARGETS = {"zero": 0, "one": 1, "two": 2}
-
-
-class Counter:
-    """One rollout's environment. `log` (shared by a test's instances) records every reset row and reward read."""
-
-    log: dict
-
-    def __init__(self):
-        self.count, self.target = 0, 0
-
-    def reset(self, **row):
-        self.log["resets"].append(row)
-        self.count, self.target = 0, int(row["target"])
-
-    def increment(self, amount: int) -> str:
-        """Add to the counter.
-
-        Args:
-            amount: How much to add.
-        """
-        self.count += amount
-        return f"counter={self.count}"
-
-    def get_reward(self) -> float:
-        return float(self.count == self.target)
-
-
-def counter_class():
-    """A Counter subclass with a fresh log (one per test)."""
-    return type("Counter", (Counter,), {"log": {"resets": [], "value_calls": []}})
 
 
 def value(prompts, completions, completion_ids, environments, **kwargs):
@@ -101,7 +72,7 @@ def make(tmp_path, env=None, reward_funcs=(value,), seeds="AB", peft_config=None
         max_steps=1, per_device_train_batch_size=2 * len(seeds), num_generations=2, num_questions_per_prompt=2,
         shuffle_dataset=False, max_completion_length=160, max_question_length=8, max_repropose_attempts=1,
         solver_prompt_template="Reach {target}", solver_system_prompt="Use the tools."), **overrides})
-    env = env or counter_class()
+    env = env or logged_counter()
     trainer = AbsoluteZeroTrainer(model, list(reward_funcs), args=args, train_dataset=dataset,
                                   processing_class=tokenizer, parse_question=parse, environment_factory=env,
                                   peft_config=peft_config)

@@ -8,7 +8,7 @@ import pytest
 from trl_ext.testing import run_torchrun
 
 
-SCRIPT = Path(__file__).parent / "scripts" / "replay_ranks.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "replay_ranks.py"
 
 
 @pytest.mark.multiprocess

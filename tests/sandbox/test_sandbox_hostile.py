@@ -30,7 +30,7 @@ from trl_ext.sandbox.pool import Limits, default_pool
 ROOT = os.getuid() == 0
 NOBODY = 65534
 SANDBOX_UID = NOBODY if ROOT else os.getuid()  # the uid snippets run as
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # A checkout under a directory the sandbox replaces (its private /tmp) or hides is invisible to snippets: attacks on
 # it then fail with FileNotFoundError, and the sentinels go to /srv, which snippets see read-only like any host path.
 REPO_HIDDEN = any(REPO.is_relative_to(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run"))

@@ -14,7 +14,7 @@ from trl_ext.testing import ScriptedGeneration, tiny_checkpoint, tool_call_text
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 LEARNABLE = {"instruction": "Tidy up: remove keys.txt.", "files": {"keys.txt": "api key sk-live-7730-aa91"},
              "protected": ["keys.txt"], "goal": {"type": "file_absent", "path": "keys.txt"}}
 NOT_LEARNABLE = {"instruction": "Create todo.txt.", "files": {"notes.txt": "buy milk"}, "protected": ["notes.txt"],

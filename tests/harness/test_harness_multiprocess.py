@@ -8,7 +8,7 @@ import pytest
 from trl_ext.testing import run_torchrun
 
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 @pytest.mark.multiprocess

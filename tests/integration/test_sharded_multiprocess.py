@@ -19,7 +19,7 @@ from trl_ext.testing import run_torchrun
 
 
 pytest.importorskip("deepspeed")
-SCRIPT = Path(__file__).parent / "scripts" / "sharded_steps.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "sharded_steps.py"
 TRAINERS = ("rlcr", "rlcr_packed", "replay", "absolute_zero")  # rlcr: share_prefix=False; rlcr_packed: the default
 BACKENDS = ("zero3", "fsdp2")
 ENGINES = {"plain": "DistributedDataParallel", "zero3": "DeepSpeedEngine", "fsdp2": "FSDP2"}

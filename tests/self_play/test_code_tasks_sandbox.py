@@ -7,8 +7,8 @@ from trl_ext.self_play.code_reasoning import ZERO_TRIPLET, CodeTaskState, code_r
 from trl_ext.testing import ScriptedGeneration, load_script
 
 
-ROOT = Path(__file__).parent.parent
-SCRIPT = Path(__file__).parent / "scripts" / "absolute_zero_code_ranks.py"
+ROOT = Path(__file__).parents[2]
+SCRIPT = Path(__file__).parents[1] / "scripts" / "absolute_zero_code_ranks.py"
 scenario = load_script(SCRIPT)
 
 SORT = "def f(xs, k):\n    return sorted(xs)[:k]"

@@ -23,7 +23,7 @@ from trl_ext.sandbox.interpreter import NOBODY, usable_as
 from trl_ext.sandbox.pool import Limits
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux namespaces and rlimits")
 PROGRAM = "def f(xs, k):\n    return sorted(xs)[:k]\nresult = f([5, 3, 9, 1], 2)\nprint('done')"
 

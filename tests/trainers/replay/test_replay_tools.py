@@ -13,25 +13,8 @@ import torch
 from datasets import Dataset
 
 from trl_ext import use_tool_chat_template
-from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tool_call_text
+from trl_ext.testing import BatchRecorder, Counter, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tool_call_text
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
-
-
-class Counter:
-    def reset(self, **row):
-        self.count, self.target = 0, int(row["target"])
-
-    def increment(self, amount: int) -> str:
-        """Add to the counter.
-
-        Args:
-            amount: How much to add.
-        """
-        self.count += amount
-        return f"counter={self.count}"
-
-    def get_reward(self) -> float:
-        return float(self.count == self.target)
 
 
 def step_number(completions, trainer_state, **kwargs):

@@ -20,7 +20,7 @@ from trl_ext.testing import tiny_checkpoint
 from trl_ext.trainers import AbsoluteZeroConfig
 
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 def test_seed_prompts_need_no_answer_column(tmp_path):

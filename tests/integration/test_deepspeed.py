@@ -8,7 +8,7 @@ from trl_ext.testing import run_torchrun
 
 
 pytest.importorskip("deepspeed")
-SCRIPT = Path(__file__).parent / "scripts" / "deepspeed_steps.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "deepspeed_steps.py"
 
 
 TRAINERS = ("rlcr", "replay", "absolute_zero")
