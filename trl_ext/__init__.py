@@ -75,8 +75,8 @@ def __dir__():
 __all__ = [
     "DEFAULT_MODEL_NAME",
     "AbsoluteZeroConfig",
-    "LLMJudge",
     "AbsoluteZeroTrainer",
+    "LLMJudge",
     "RLCRMultiTurnConfig",
     "RLCRMultiTurnTrainer",
     "ReplayGRPOConfig",

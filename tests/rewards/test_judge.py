@@ -19,7 +19,7 @@ from trl_ext.rewards.judge import LLMJudge, parse_judge_score
 class _Handler(BaseHTTPRequestHandler):
     """POST /<mode>/v1/chat/completions. The reply's content is the request's last message content ("echo")."""
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         server = self.server
         mode = self.path.strip("/").split("/")[0]
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

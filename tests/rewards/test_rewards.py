@@ -49,7 +49,7 @@ def _in_thread(func, *args):
     def target():
         try:
             box["result"] = func(*args)
-        except BaseException as error:  # noqa: BLE001 - handed back to the test
+        except BaseException as error:  # handed back to the test
             box["error"] = error
 
     thread = threading.Thread(target=target, daemon=True)  # a hung thread must not keep pytest from exiting

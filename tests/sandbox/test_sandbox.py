@@ -329,7 +329,7 @@ def package_for_nobody():
     shutil.copytree(REPO / "trl_ext" / "sandbox", Path(base) / "sandbox",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(pyseccomp.__file__, base)
-    for parent, dirs, files in os.walk(base):
+    for parent, _dirs, files in os.walk(base):
         os.chmod(parent, 0o755)
         for name in files:
             os.chmod(os.path.join(parent, name), 0o644)

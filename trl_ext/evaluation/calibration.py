@@ -38,7 +38,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -310,7 +310,7 @@ def calibration_report(
 # Plots
 # ---------------------------------------------------------------------------------------------------------------------
 
-ReportOrPairs = Union[CalibrationReport, tuple[Sequence[float], Sequence[Any]]]
+ReportOrPairs = CalibrationReport | tuple[Sequence[float], Sequence[Any]]
 
 _ACC_COLOR = "#1f77b4"
 _GAP_COLOR = "#d62728"

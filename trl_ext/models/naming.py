@@ -37,7 +37,7 @@ def resolve_base_model(name_or_path: str | None) -> tuple[str | None, str | None
 
         try:
             base = ModelCard.load(card, ignore_metadata_errors=True).data.base_model
-        except Exception:  # noqa: BLE001 - an unreadable card only means the base stays unknown
+        except Exception:  # an unreadable card only means the base stays unknown
             base = None
         if isinstance(base, list):
             base = base[0] if base else None

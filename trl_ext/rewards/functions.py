@@ -216,7 +216,7 @@ def make_format_reward(think_tag: str = "think", answer_tag: str = "answer") -> 
     think, answer = re.escape(think_tag), re.escape(answer_tag)
     pattern = re.compile(rf"<{think}>.*?</{think}>\s*<{answer}>(.*?)</{answer}>", re.DOTALL)
 
-    def format(  # noqa: A001 - the metric name TRL logs
+    def format(  # the metric name TRL logs
         prompts: Sequence[Any] | None,
         completions: Sequence[Any],
         completion_ids: Sequence[Any] | None = None,

@@ -211,7 +211,7 @@ class LLMJudge:
             try:
                 response = await client.chat.completions.create(**request)
                 reply = response.choices[0].message.content
-            except Exception:  # noqa: BLE001 - any judge failure (network, HTTP, malformed body) is a None score
+            except Exception:  # any judge failure (network, HTTP, malformed body) is a None score
                 reply = None
         value = parse_judge_score(reply)
         if value is None:

@@ -86,8 +86,8 @@ def extract_tag(text: Any, tag: str) -> str | None:
         return None
     try:
         last = None
-        for last in _tag_pattern(tag).finditer(text):
-            pass
+        for match in _tag_pattern(tag).finditer(text):  # keeps one match: model output can hold millions
+            last = match
         return None if last is None else last.group(1).strip()
     except Exception:
         return None

@@ -661,7 +661,7 @@ def child(req_r, out_w, res_w, zygote):
         req_r, res_w = REQUEST_FD, RESULT_FD
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large file write raises instead of killing
-        sys.stdin = open(0, "r", closefd=False)
+        sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         if "random" in sys.modules:  # loaded by the server's own imports: reseed from the OS, as a fresh run would

@@ -47,7 +47,7 @@ def usable_as(path: str, uid: int) -> bool:
     return done.returncode == 0 and done.stdout.strip() == b"ok"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sandbox_interpreter() -> str:
     """The interpreter for the fork server: as root, the first candidate usable by uid 65534; otherwise the
     configured or the current one."""

@@ -141,7 +141,7 @@ def allow_unisolated_from_env() -> bool:
     return os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def server_config() -> dict:
     """What the fork servers get from the host on their command line: the compiled system-call filter and the
     numbers of the calls they make without a C library wrapper."""

@@ -44,7 +44,7 @@ class FakeExecutor:
             return ExecutionResult(False, "", "exception: NameError: unknown program")
         try:
             value = call(fn)
-        except Exception as error:  # noqa: BLE001 - a program's exception is a failed execution
+        except Exception as error:  # a program's exception is a failed execution
             return ExecutionResult(False, "", f"exception: {type(error).__name__}: {error}")
         text = repr(value)
         try:

@@ -11,8 +11,8 @@ from .tool_rounds import CollectiveToolRounds
 
 __all__ = [
     "AbsoluteZeroConfig",
-    "CollectiveToolRounds",
     "AbsoluteZeroTrainer",
+    "CollectiveToolRounds",
     "RLCRMultiTurnConfig",
     "RLCRMultiTurnTrainer",
     "ReplayGRPOConfig",

@@ -67,7 +67,7 @@ _RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids",
              "log_metric", "environments", "environment"}
 
 
-class _EpisodesGenerated(Exception):  # noqa: N818 - a control-flow signal, not an error
+class _EpisodesGenerated(Exception):  # a control-flow signal, not an error
     """Carries `_generate`'s output out of `GRPOTrainer._generate_and_score_completions` (see `_episodes`)."""
 
     def __init__(self, output):

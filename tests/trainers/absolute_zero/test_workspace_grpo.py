@@ -36,7 +36,7 @@ def script(text, k):
 class _Judge(BaseHTTPRequestHandler):
     """Scores 1 when the rendered final workspace no longer lists keys.txt, else 0."""
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):  # http.server's naming
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append(request)
         content = "0" if "- keys.txt:" in request["messages"][-1]["content"] else "Reasoning...\n1"
