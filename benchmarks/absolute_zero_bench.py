@@ -58,38 +58,67 @@ def overhead(steps: int) -> dict:
     # Per prompt: a learnable question (1 + 1, half the answers right) and a non-learnable one (2 + 2, always
     # right): no repropose, so K * length + K * G * length tokens per prompt.
     proposals = [fixed_length(tok, q, length) for q in ("<question>1+1</question>", "<question>2+2</question>")]
-    answers = {q: [fixed_length(tok, f"<answer>{a}</answer>", length) for a in options]
-               for q, options in (("1+1", ("2", "3")), ("2+2", ("4", "4")))}
+    answers = {
+        q: [fixed_length(tok, f"<answer>{a}</answer>", length) for a in options]
+        for q, options in (("1+1", ("2", "3")), ("2+2", ("4", "4")))
+    }
 
     def self_play(prompt_text, j):
         if "What is" in prompt_text:
             return answers["1+1" if "1+1" in prompt_text else "2+2"][j % 2]
         return proposals[j]
 
-    common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
-                  max_completion_length=length)
-    args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, per_device_train_batch_size=prompts * g,
-                         num_generations=g, num_questions_per_prompt=k, max_question_length=length,
-                         reward_weights=[1.0, 0.5], **common)
-    az = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=seed_prompts(64, 0),
-                             processing_class=tok, parse_question=task.parse_question,
-                             solver_prompt_fn=task.solver_prompt_fn)
+    common = dict(
+        max_steps=steps + 1,
+        learning_rate=1e-6,
+        activation_checkpointing=False,
+        shuffle_dataset=False,
+        max_completion_length=length,
+    )
+    args = cpu_test_args(
+        tempfile.mkdtemp(),
+        AbsoluteZeroConfig,
+        per_device_train_batch_size=prompts * g,
+        num_generations=g,
+        num_questions_per_prompt=k,
+        max_question_length=length,
+        reward_weights=[1.0, 0.5],
+        **common,
+    )
+    az = AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=seed_prompts(64, 0),
+        processing_class=tok,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
     generated = prompts * (k + k * g) * length
 
     # Plain GRPO generating the same number of tokens: prompts * (K + K * G) completions of the same length.
     rows = prompts * (k + k * g)
     model, tok = load_model()
-    args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=rows, num_generations=rows // 2,
-                         reward_weights=[1.0, 0.5], **common)
+    args = cpu_test_args(
+        tempfile.mkdtemp(),
+        GRPOConfig,
+        per_device_train_batch_size=rows,
+        num_generations=rows // 2,
+        reward_weights=[1.0, 0.5],
+        **common,
+    )
     data = seed_prompts(64, 0).map(lambda row: {"solution": "2"})
-    grpo = GRPOTrainer(model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data,
-                       processing_class=tok)
+    grpo = GRPOTrainer(
+        model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data, processing_class=tok
+    )
 
     load_before = machine_load()
-    times = interleaved_step_times({
-        "grpo": (grpo, ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2])),
-        "absolute_zero": (az, ScriptedGeneration(az, self_play)),
-    })
+    times = interleaved_step_times(
+        {
+            "grpo": (grpo, ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2])),
+            "absolute_zero": (az, ScriptedGeneration(az, self_play)),
+        }
+    )
     summary = summarize(times, baseline="grpo")
     ratios = summary["absolute_zero"]["vs_grpo"]
     return {
@@ -125,18 +154,35 @@ def curves(steps: int | None, task: str) -> dict:
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
     log = absolute_zero_main(script_args, training_args, model_args)
-    keys = ["generation/calls", "generation/proposer_tokens", "generation/solver_tokens",
-            "unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/invalid_rate",
-            SOLVER_ACCURACY[task], "step_time"]
-    per_step = [{"step": entry["step"], **{key: entry.get(key) for key in keys}} for entry in log
-                if "unified_filter/learnable_ratio" in entry]
-    plot_learning_curves(per_step, keys[:5], RESULTS / f"{results_name(task, 'curves')}.png",
-                         f"Absolute Zero ({task}) on the CPU default (per step)")
+    keys = [
+        "generation/calls",
+        "generation/proposer_tokens",
+        "generation/solver_tokens",
+        "unified_filter/learnable_ratio",
+        "repropose/total_attempts",
+        "proposer/invalid_rate",
+        SOLVER_ACCURACY[task],
+        "step_time",
+    ]
+    per_step = [
+        {"step": entry["step"], **{key: entry.get(key) for key in keys}}
+        for entry in log
+        if "unified_filter/learnable_ratio" in entry
+    ]
+    plot_learning_curves(
+        per_step,
+        keys[:5],
+        RESULTS / f"{results_name(task, 'curves')}.png",
+        f"Absolute Zero ({task}) on the CPU default (per step)",
+    )
     # The recipe's held-out solver accuracy before and after, with its plot (the learnable ratio beside it).
     shutil.copyfile(output_dir / "heldout_accuracy.png", RESULTS / f"{results_name(task, 'heldout')}.png")
     heldout = json.loads((output_dir / "metrics.json").read_text())["heldout"]
-    return {"model": f"SmolLM2-135M-Instruct (embedded default), {CPU_CONFIGS[task]}", "steps": per_step,
-            "heldout": heldout}
+    return {
+        "model": f"SmolLM2-135M-Instruct (embedded default), {CPU_CONFIGS[task]}",
+        "steps": per_step,
+        "heldout": heldout,
+    }
 
 
 def main():
@@ -149,8 +195,12 @@ def main():
     if args.part == "overhead":
         result, name = overhead(args.steps or 4), "absolute_zero_overhead"
         panel = f"equal generated tokens ({result['generated_tokens_per_step']} per step)"
-        plot_step_times({panel: result["step_times"]}, "grpo", RESULTS / f"{name}.png",
-                        "Absolute Zero vs GRPOTrainer, interleaved steps")
+        plot_step_times(
+            {panel: result["step_times"]},
+            "grpo",
+            RESULTS / f"{name}.png",
+            "Absolute Zero vs GRPOTrainer, interleaved steps",
+        )
     else:
         result, name = curves(args.steps, args.task), results_name(args.task, "curves")
     write_json(RESULTS / f"{name}.json", result)

@@ -39,7 +39,8 @@ def rlcr_cpu_run():
 
     parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
     script_args, training_args, _ = parser.parse_args_and_config(
-        args=with_default_config(["--output_dir", tempfile.mkdtemp()], RLCR_CPU_CONFIG))
+        args=with_default_config(["--output_dir", tempfile.mkdtemp()], RLCR_CPU_CONFIG)
+    )
     return (script_args, training_args, *datasets_for(script_args, training_args))
 
 
@@ -171,8 +172,13 @@ def summarize(times: dict[str, list[float]], baseline: str) -> dict:
     summary = {}
     for name, values in times.items():
         median = statistics.median(values)
-        summary[name] = {"min_s": min(values), "median_s": median, "max_s": max(values),
-                         "spread": (max(values) - min(values)) / median, "step_times_s": values}
+        summary[name] = {
+            "min_s": min(values),
+            "median_s": median,
+            "max_s": max(values),
+            "spread": (max(values) - min(values)) / median,
+            "step_times_s": values,
+        }
     for name, values in times.items():
         if name != baseline:
             base = times[baseline]
@@ -201,8 +207,11 @@ def plot_step_times(panels: dict[str, dict], baseline: str, path, title: str) ->
             ax.scatter([x] * len(values), values, color=f"C{x}", alpha=0.6, s=18)
             ax.hlines(stats["median_s"], x - 0.3, x + 0.3, color=f"C{x}")
             ratios = stats.get("vs_" + baseline)
-            labels.append(name if ratios is None else
-                          f"{name}\nmedians {ratios['ratio_of_medians']:.2f}x\nmins {ratios['ratio_of_mins']:.2f}x")
+            labels.append(
+                name
+                if ratios is None
+                else f"{name}\nmedians {ratios['ratio_of_medians']:.2f}x\nmins {ratios['ratio_of_mins']:.2f}x"
+            )
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_ylabel("step time (s)")
         ax.set_ylim(bottom=0)

@@ -51,8 +51,16 @@ COMPLETION = "<think>3 plus 4 is 7.</think><answer>7</answer>"  # the scripted c
 WINDOW = 4
 
 
-def make_trainer(replay: bool, steps: int, learning_rate: float, model_path=None, seed=42, system_prompt=None,
-                 batch_size=8, **replay_args):
+def make_trainer(
+    replay: bool,
+    steps: int,
+    learning_rate: float,
+    model_path=None,
+    seed=42,
+    system_prompt=None,
+    batch_size=8,
+    **replay_args,
+):
     """GRPO or Replay GRPO on graded arithmetic. Without `model_path`: the embedded default with lenient parsing, the
     `<think>` answer format and a format reward (the step-time benchmark); with it (the format warm-up of the RLCR
     recipe): its short answer format, strict parsing and the accuracy reward alone."""
@@ -66,14 +74,25 @@ def make_trainer(replay: bool, steps: int, learning_rate: float, model_path=None
         rewards, weights = [make_accuracy_reward()], [1.0]
         data = graded_arithmetic(500, seed=1000 + seed, system_prompt=system_prompt)  # not the warm-up's questions
         length = 16
-    common = dict(max_steps=steps, per_device_train_batch_size=batch_size, num_generations=4,
-                  max_completion_length=length, temperature=1.0, learning_rate=learning_rate,
-                  lr_scheduler_type="constant", beta=0.0, activation_checkpointing=False, reward_weights=weights,
-                  seed=seed, bf16=model_path is not None)
+    common = dict(
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        num_generations=4,
+        max_completion_length=length,
+        temperature=1.0,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        activation_checkpointing=False,
+        reward_weights=weights,
+        seed=seed,
+        bf16=model_path is not None,
+    )
     if replay:
         args = cpu_test_args(tempfile.mkdtemp(), ReplayGRPOConfig, **common, **replay_args)
-        return ReplayGRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data,
-                                 processing_class=tokenizer)
+        return ReplayGRPOTrainer(
+            model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer
+        )
     args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, **common)
     return GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer)
 
@@ -84,8 +103,10 @@ def logged(trainer, key):
 
 # -- overhead -----------------------------------------------------------------------------------------------------
 def overhead(steps: int) -> dict:
-    result = {"steps": steps, "order": "interleaved: one step of grpo, then one of replay_before_start, ...; "
-                                       "warm-up dropped"}
+    result = {
+        "steps": steps,
+        "order": "interleaved: one step of grpo, then one of replay_before_start, ...; warm-up dropped",
+    }
     for scripted in (False, True):
         runs = {}
         for name in ("grpo", "replay_before_start"):
@@ -108,8 +129,12 @@ def overhead(steps: int) -> dict:
 
 
 def plot_overhead(result: dict, path: Path) -> None:
-    plot_step_times({part.replace("_", " "): result[part]["step_times"] for part in ("real_generation", "scripted")},
-                    "grpo", path, "Replay GRPO before replay starts vs GRPOTrainer, interleaved steps")
+    plot_step_times(
+        {part.replace("_", " "): result[part]["step_times"] for part in ("real_generation", "scripted")},
+        "grpo",
+        path,
+        "Replay GRPO before replay starts vs GRPOTrainer, interleaved steps",
+    )
 
 
 # -- curves -------------------------------------------------------------------------------------------------------
@@ -117,16 +142,29 @@ def moving_average(values, window=WINDOW):
     return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
-def run_curves(replay: bool, steps: int, replay_start: float, learning_rate: float, seed: int, model_path,
-               system_prompt) -> dict:
-    trainer = make_trainer(replay, steps, learning_rate, model_path=model_path, seed=seed,
-                           system_prompt=system_prompt, batch_size=16, replay_start_ratio=replay_start)
+def run_curves(
+    replay: bool, steps: int, replay_start: float, learning_rate: float, seed: int, model_path, system_prompt
+) -> dict:
+    trainer = make_trainer(
+        replay,
+        steps,
+        learning_rate,
+        model_path=model_path,
+        seed=seed,
+        system_prompt=system_prompt,
+        batch_size=16,
+        replay_start_ratio=replay_start,
+    )
     trainer.train()
     # Fresh rollouts only: replayed rows are stored successes and would inflate the replay run's accuracy.
     accuracy = logged(trainer, "replay/solve_rate" if replay else "rewards/accuracy/mean")
-    run = {"accuracy": accuracy, "accuracy_moving_average": moving_average(accuracy),
-           "fresh_tokens": logged(trainer, "replay/fresh_tokens") if replay else
-           [round(m * 16) for m in logged(trainer, "completions/mean_length")]}
+    run = {
+        "accuracy": accuracy,
+        "accuracy_moving_average": moving_average(accuracy),
+        "fresh_tokens": logged(trainer, "replay/fresh_tokens")
+        if replay
+        else [round(m * 16) for m in logged(trainer, "completions/mean_length")],
+    }
     if replay:
         exp = trainer.experience
         run.update(
@@ -145,18 +183,26 @@ def curves(steps: int, replay_start: float, learning_rate: float, seeds: list[in
     runs = {name: [] for name in ("no_replay", "replay")}
     for seed in seeds:
         for name in runs:
-            runs[name].append(run_curves(name == "replay", steps, replay_start, learning_rate, seed, model_path,
-                                         system_prompt))
-    result = {"model": "format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, CPU",
-              "steps": steps, "seeds": seeds, "replay_start_ratio": replay_start, "learning_rate": learning_rate,
-              "rollouts_per_step": 16, **compare(runs), "runs": runs}
+            runs[name].append(
+                run_curves(name == "replay", steps, replay_start, learning_rate, seed, model_path, system_prompt)
+            )
+    result = {
+        "model": "format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, CPU",
+        "steps": steps,
+        "seeds": seeds,
+        "replay_start_ratio": replay_start,
+        "learning_rate": learning_rate,
+        "rollouts_per_step": 16,
+        **compare(runs),
+        "runs": runs,
+    }
     plot_curves(result, RESULTS / "replay_curves.png")
     return result
 
 
 def final_accuracy(accuracy: list[float]) -> float:
     """Mean over the last quarter of the steps: one batch of rollouts is too noisy to be "the" final value."""
-    return statistics.mean(accuracy[-max(WINDOW, len(accuracy) // 4):])
+    return statistics.mean(accuracy[-max(WINDOW, len(accuracy) // 4) :])
 
 
 def steps_to_reach(moving: list[float], target: float) -> int | None:
@@ -173,20 +219,26 @@ def compare(runs: dict) -> dict:
     per_seed = []
     for base, replay in zip(runs["no_replay"], runs["replay"]):
         target = final_accuracy(base["accuracy"])
-        per_seed.append({"no_replay_final_accuracy": target,
-                         "replay_final_accuracy": final_accuracy(replay["accuracy"]),
-                         "replay_steps_to_reach_it": steps_to_reach(replay["accuracy_moving_average"], target)})
+        per_seed.append(
+            {
+                "no_replay_final_accuracy": target,
+                "replay_final_accuracy": final_accuracy(replay["accuracy"]),
+                "replay_steps_to_reach_it": steps_to_reach(replay["accuracy_moving_average"], target),
+            }
+        )
     means = {name: mean_curve([run["accuracy"] for run in seeded]) for name, seeded in runs.items()}
     target = final_accuracy(means["no_replay"])
     finals = {name: [final_accuracy(run["accuracy"]) for run in seeded] for name, seeded in runs.items()}
     return {
         "per_seed": per_seed,
-        "final_accuracy": {name: {"mean": statistics.mean(v), "min": min(v), "max": max(v)}
-                           for name, v in finals.items()},
+        "final_accuracy": {
+            name: {"mean": statistics.mean(v), "min": min(v), "max": max(v)} for name, v in finals.items()
+        },
         "mean_curve_no_replay_final_accuracy": target,
         "mean_curve_replay_steps_to_reach_it": steps_to_reach(moving_average(means["replay"]), target),
-        "mean_fresh_tokens_per_step": {name: statistics.mean(t for run in seeded for t in run["fresh_tokens"])
-                                       for name, seeded in runs.items()},
+        "mean_fresh_tokens_per_step": {
+            name: statistics.mean(t for run in seeded for t in run["fresh_tokens"]) for name, seeded in runs.items()
+        },
         "buffer_bytes_per_token": statistics.mean(run["buffer_bytes_per_token"] for run in runs["replay"]),
     }
 
@@ -204,22 +256,32 @@ def plot_curves(result: dict, path: Path) -> None:
         steps = range(1, len(smoothed[0]) + 1)
         low, high = [min(v) for v in zip(*smoothed)], [max(v) for v in zip(*smoothed)]
         ax_acc.fill_between(steps, low, high, color=color, alpha=0.2)
-        ax_acc.plot(steps, mean_curve(smoothed), color=color,
-                    label=f"{name}: mean of {len(seeded)} seeds ({WINDOW}-step average), band: min-max")
+        ax_acc.plot(
+            steps,
+            mean_curve(smoothed),
+            color=color,
+            label=f"{name}: mean of {len(seeded)} seeds ({WINDOW}-step average), band: min-max",
+        )
         ax_tok.plot(steps, mean_curve([run["fresh_tokens"] for run in seeded]), color=color, label=name)
     ax_acc.axhline(result["mean_curve_no_replay_final_accuracy"], color="C0", linestyle=":", linewidth=0.8)
     for run in result["runs"]["replay"]:
         ax_buf.plot(range(1, len(run["buffer_trajectories"]) + 1), run["buffer_trajectories"], color="C1", alpha=0.6)
-    for ax, title in ((ax_acc, "accuracy of the fresh rollouts"), (ax_tok, "fresh tokens generated per step"),
-                      (ax_buf, "buffer trajectories (each seed)")):
+    for ax, title in (
+        (ax_acc, "accuracy of the fresh rollouts"),
+        (ax_tok, "fresh tokens generated per step"),
+        (ax_buf, "buffer trajectories (each seed)"),
+    ):
         ax.axvline(start, color="grey", linestyle="--", linewidth=0.8)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     ax_acc.legend(fontsize=7)
     ax_tok.legend(fontsize=8)
-    fig.suptitle("Replay GRPO vs GRPO from the format warm-up of the embedded default (dashed: replay starts; "
-                 "dotted: no-replay final accuracy)", fontsize=10)
+    fig.suptitle(
+        "Replay GRPO vs GRPO from the format warm-up of the embedded default (dashed: replay starts; "
+        "dotted: no-replay final accuracy)",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=110)
 
 

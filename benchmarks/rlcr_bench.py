@@ -69,17 +69,24 @@ def overhead(steps: int) -> dict:
     answer = fixed_length(tok, "<think>adding</think><answer>7</answer>", answer_len)
     confidence = fixed_length(tok, "<confidence>0.7</confidence>", confidence_len)
     data = graded_arithmetic(64, seed=0)
-    common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
-                  max_completion_length=answer_len)
+    common = dict(
+        max_steps=steps + 1,
+        learning_rate=1e-6,
+        activation_checkpointing=False,
+        shuffle_dataset=False,
+        max_completion_length=answer_len,
+    )
     runs = {}
 
     # Plain GRPO on the same generated tokens: one prompt's 4 rows of answer length, two prompts' 8 rows of
     # confidence length (12 rows, 4*32 + 8*16 tokens), with accuracy as the reward.
     model, tok = load_model()
-    args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=g_a * (1 + g_c),
-                         num_generations=g_a, **common)
-    grpo = GRPOTrainer(model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data,
-                       processing_class=tok)
+    args = cpu_test_args(
+        tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
+    )
+    grpo = GRPOTrainer(
+        model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data, processing_class=tok
+    )
     calls = []
 
     def grpo_script(prompt_text, k):
@@ -91,9 +98,17 @@ def overhead(steps: int) -> dict:
     # RLCR with the packed loss forward (default) and with rows scored one by one.
     for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
         model, tok = load_model()
-        args = cpu_test_args(tempfile.mkdtemp(), RLCRMultiTurnConfig, per_device_train_batch_size=g_a,
-                             num_generations=g_a, num_generations_confidence=g_c, max_confidence_length=confidence_len,
-                             confidence_prompt=CONFIDENCE_PROMPT, share_prefix=share_prefix, **common)
+        args = cpu_test_args(
+            tempfile.mkdtemp(),
+            RLCRMultiTurnConfig,
+            per_device_train_batch_size=g_a,
+            num_generations=g_a,
+            num_generations_confidence=g_c,
+            max_confidence_length=confidence_len,
+            confidence_prompt=CONFIDENCE_PROMPT,
+            share_prefix=share_prefix,
+            **common,
+        )
         rlcr = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
         runs[name] = (rlcr, ScriptedGeneration(rlcr, lambda p, k: confidence if CONFIDENCE_PROMPT in p else answer))
 
@@ -143,18 +158,29 @@ def evaluate_single_turn(model, tokenizer, dataset, max_new_tokens: int) -> dict
     rows = []
     for start in range(0, len(dataset), 16):
         batch = dataset[start : start + 16]
-        prompts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
-                   for p in batch["prompt"]]
+        prompts = [
+            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+            for p in batch["prompt"]
+        ]
         for gold, ids in zip(batch["solution"], greedy_completions(model, tokenizer, prompts, max_new_tokens)):
             text = tokenizer.decode(ids, skip_special_tokens=True)
             answer = extract_answer(text, "answer")
-            rows.append({"correct": int(bool(answer) and verify_answer(gold, answer)),
-                         "confidence": extract_confidence(text, "confidence")})
+            rows.append(
+                {
+                    "correct": int(bool(answer) and verify_answer(gold, answer)),
+                    "confidence": extract_confidence(text, "confidence"),
+                }
+            )
     model.train(was_training)
     parsed = [r for r in rows if r["confidence"] is not None]
     report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])
-    return {"accuracy": statistics.mean(r["correct"] for r in rows), "ece": report.ece, "brier": report.brier,
-            "auroc": report.auroc, "parse_fail_rate": 1 - len(parsed) / len(rows)}
+    return {
+        "accuracy": statistics.mean(r["correct"] for r in rows),
+        "ece": report.ece,
+        "brier": report.brier,
+        "auroc": report.auroc,
+        "parse_fail_rate": 1 - len(parsed) / len(rows),
+    }
 
 
 class EvaluateEvery(TrainerCallback):
@@ -186,12 +212,21 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     steps = steps or base_args.max_steps
     n = script_args.warmup_samples
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
-    examples = rlcr_format_examples(train.select(range(n)), base_args.confidence_prompt, seed=base_args.seed,
-                                    single_turn_system_prompt=single_turn_prompt)
-    model_path = format_warmup(default_model_path(), examples, learning_rate=script_args.warmup_learning_rate,
-                               num_train_epochs=script_args.warmup_epochs,
-                               per_device_train_batch_size=script_args.warmup_batch_size, bf16=base_args.bf16,
-                               seed=base_args.seed)
+    examples = rlcr_format_examples(
+        train.select(range(n)),
+        base_args.confidence_prompt,
+        seed=base_args.seed,
+        single_turn_system_prompt=single_turn_prompt,
+    )
+    model_path = format_warmup(
+        default_model_path(),
+        examples,
+        learning_rate=script_args.warmup_learning_rate,
+        num_train_epochs=script_args.warmup_epochs,
+        per_device_train_batch_size=script_args.warmup_batch_size,
+        bf16=base_args.bf16,
+        seed=base_args.seed,
+    )
     train = train.select(range(n, len(train)))
     single_train, single_eval = (with_system_prompt(d, single_turn_prompt) for d in (train, evaluation))
     g_c = base_args.num_generations_confidence
@@ -204,49 +239,85 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     for seed in seeds:
         model, tokenizer = load_model(model_path)
         args = deepcopy(base_args)
-        args.__dict__.update(output_dir=tempfile.mkdtemp(), seed=seed, max_steps=steps, save_strategy="no",
-                             disable_tqdm=True)
+        args.__dict__.update(
+            output_dir=tempfile.mkdtemp(), seed=seed, max_steps=steps, save_strategy="no", disable_tqdm=True
+        )
         trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
         callback = EvaluateEvery(
-            lambda t=trainer: _evaluation_point(evaluate_calibration(t.model, t.processing_class, evaluation, t.args,
-                                                                     progress=False)), every,
-            {"completions/mean_length": answers, "confidence/completions/mean_length": answers * g_c})
+            lambda t=trainer: _evaluation_point(
+                evaluate_calibration(t.model, t.processing_class, evaluation, t.args, progress=False)
+            ),
+            every,
+            {"completions/mean_length": answers, "confidence/completions/mean_length": answers * g_c},
+        )
         trainer.add_callback(callback)
         trainer.train()
         runs["multi_turn"].append({"seed": seed, "points": callback.points})
 
         model, tokenizer = load_model(model_path)
-        args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, seed=seed, max_steps=steps, bf16=base_args.bf16,
-                             per_device_train_batch_size=single_rows, num_generations=4,
-                             max_completion_length=single_length, temperature=base_args.temperature,
-                             learning_rate=base_args.learning_rate, lr_scheduler_type=base_args.lr_scheduler_type,
-                             beta=base_args.beta, activation_checkpointing=False)
-        trainer = GRPOTrainer(model=model, reward_funcs=single_turn_rlcr_reward(), args=args,
-                              train_dataset=single_train, processing_class=tokenizer)
-        callback = EvaluateEvery(lambda t=trainer: evaluate_single_turn(t.model, t.processing_class, single_eval,
-                                                                        single_length),
-                                 every, {"completions/mean_length": single_rows})
+        args = cpu_test_args(
+            tempfile.mkdtemp(),
+            GRPOConfig,
+            seed=seed,
+            max_steps=steps,
+            bf16=base_args.bf16,
+            per_device_train_batch_size=single_rows,
+            num_generations=4,
+            max_completion_length=single_length,
+            temperature=base_args.temperature,
+            learning_rate=base_args.learning_rate,
+            lr_scheduler_type=base_args.lr_scheduler_type,
+            beta=base_args.beta,
+            activation_checkpointing=False,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=single_turn_rlcr_reward(),
+            args=args,
+            train_dataset=single_train,
+            processing_class=tokenizer,
+        )
+        callback = EvaluateEvery(
+            lambda t=trainer: evaluate_single_turn(t.model, t.processing_class, single_eval, single_length),
+            every,
+            {"completions/mean_length": single_rows},
+        )
         trainer.add_callback(callback)
         trainer.train()
         runs["single_turn"].append({"seed": seed, "points": callback.points})
     return {
         "model": "format warm-up (both formats) of SmolLM2-135M-Instruct, bf16 autocast, CPU",
-        "warmup_model": model_path, "steps": steps, "seeds": seeds, "evaluate_every": every,
-        "evaluation": f"{len(evaluation)} held-out questions, greedy", "rows_per_step":
-            {"multi_turn": answers * (1 + g_c), "single_turn": single_rows},
-        "summary": calibration_summary(runs), "runs": runs,
+        "warmup_model": model_path,
+        "steps": steps,
+        "seeds": seeds,
+        "evaluate_every": every,
+        "evaluation": f"{len(evaluation)} held-out questions, greedy",
+        "rows_per_step": {"multi_turn": answers * (1 + g_c), "single_turn": single_rows},
+        "summary": calibration_summary(runs),
+        "runs": runs,
     }
 
 
 def _evaluation_point(result) -> dict:
     """The multi-turn evaluation in the single-turn evaluation's keys."""
-    return {"accuracy": result.accuracy, "ece": result.report.ece, "brier": result.report.brier,
-            "auroc": result.report.auroc, "parse_fail_rate": result.confidence_parse_fail_rate}
+    return {
+        "accuracy": result.accuracy,
+        "ece": result.report.ece,
+        "brier": result.report.brier,
+        "auroc": result.report.auroc,
+        "parse_fail_rate": result.confidence_parse_fail_rate,
+    }
 
 
 def with_system_prompt(dataset, system_prompt):
-    return dataset.map(lambda row: {"prompt": [{"role": "system", "content": system_prompt},
-                                               *(m for m in row["prompt"] if m["role"] != "system")]})
+    return dataset.map(
+        lambda row: {
+            "prompt": [
+                {"role": "system", "content": system_prompt},
+                *(m for m in row["prompt"] if m["role"] != "system"),
+            ]
+        }
+    )
 
 
 def calibration_summary(runs: dict) -> dict:
@@ -257,7 +328,8 @@ def calibration_summary(runs: dict) -> dict:
             values = [run["points"][-1][key] for run in seeded]
             values = [v for v in values if v is not None and v == v]
             summary.setdefault(name, {})[key] = (
-                {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None)
+                {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
+            )
     for key in ("ece", "brier"):
         diffs = [m["points"][-1][key] - s["points"][-1][key] for m, s in zip(runs["multi_turn"], runs["single_turn"])]
         summary[f"multi_minus_single_{key}"] = diffs
@@ -268,39 +340,62 @@ def plot_calibration(result: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    keys = [("ece", "held-out ECE"), ("brier", "held-out Brier"), ("parse_fail_rate", "confidence parse failures"),
-            ("accuracy", "held-out accuracy")]
+    keys = [
+        ("ece", "held-out ECE"),
+        ("brier", "held-out Brier"),
+        ("parse_fail_rate", "confidence parse failures"),
+        ("accuracy", "held-out accuracy"),
+    ]
     fig = Figure(figsize=(16, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     for ax, (key, title) in zip(fig.subplots(1, len(keys)), keys):
         for color, (name, seeded) in zip(("C0", "C1"), result["runs"].items()):
-            tokens = [statistics.mean(p["generated_tokens"] for p in points)
-                      for points in zip(*(run["points"] for run in seeded))]
+            tokens = [
+                statistics.mean(p["generated_tokens"] for p in points)
+                for points in zip(*(run["points"] for run in seeded))
+            ]
             values = [[p[key] if p[key] is not None else float("nan") for p in run["points"]] for run in seeded]
             columns = list(zip(*values))
             ax.fill_between(tokens, [min(c) for c in columns], [max(c) for c in columns], color=color, alpha=0.2)
-            ax.plot(tokens, [statistics.mean(c) for c in columns], color=color, marker="o", markersize=3,
-                    label=f"{name.replace('_', '-')} (mean of {len(seeded)} seeds; band: min-max)")
+            ax.plot(
+                tokens,
+                [statistics.mean(c) for c in columns],
+                color=color,
+                marker="o",
+                markersize=3,
+                label=f"{name.replace('_', '-')} (mean of {len(seeded)} seeds; band: min-max)",
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("generated tokens (cumulative)")
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7)
-    fig.suptitle("RLCR on SmolLM2-135M (CPU) from one format warm-up: multi-turn vs single-turn at equal generated "
-                 "tokens, greedy evaluation on held-out questions", fontsize=10)
+    fig.suptitle(
+        "RLCR on SmolLM2-135M (CPU) from one format warm-up: multi-turn vs single-turn at equal generated "
+        "tokens, greedy evaluation on held-out questions",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=110)
 
 
 def plot_overhead(result: dict, path: Path) -> None:
     load = [result[k]["load_average_1_5_15_min"][0] for k in ("machine_load_before", "machine_load_after")]
-    plot_step_times({f"same generated tokens (1-min load {load[0]:.1f} -> {load[1]:.1f})": result["step_times"]},
-                    "grpo", path, "RLCR vs GRPOTrainer, interleaved steps")
+    plot_step_times(
+        {f"same generated tokens (1-min load {load[0]:.1f} -> {load[1]:.1f})": result["step_times"]},
+        "grpo",
+        path,
+        "RLCR vs GRPOTrainer, interleaved steps",
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "calibration"])
-    parser.add_argument("--steps", type=int, default=None,
-                        help="steps per trainer (overhead: 4 measured steps; calibration: the recipe's max_steps)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps per trainer (overhead: 4 measured steps; calibration: the recipe's max_steps)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="calibration: one pair per seed")
     parser.add_argument("--evaluate-every", type=int, default=4, help="calibration: steps between evaluations")
     args = parser.parse_args(argv)

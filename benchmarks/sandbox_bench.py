@@ -69,8 +69,13 @@ class BaselinePool(SandboxPool):
 
 
 def baseline_source(ref: str, directory: str) -> Path:
-    text = subprocess.run(["git", "show", f"{ref}:trl_ext/sandbox/forkserver.py"], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    text = subprocess.run(
+        ["git", "show", f"{ref}:trl_ext/sandbox/forkserver.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout
     path = Path(directory) / "forkserver_baseline.py"
     path.write_text(text)
     return path
@@ -86,8 +91,9 @@ def sandbox_rate(pool: SandboxPool, code: str, n: int, workers: int) -> tuple[fl
 
 def cold_rate(interpreter: str, code: str, n: int, workers: int) -> float:
     def once(_):
-        done = subprocess.run([interpreter, "-I", "-c", code + "\nprint(repr(result))"], capture_output=True,
-                              timeout=60)
+        done = subprocess.run(
+            [interpreter, "-I", "-c", code + "\nprint(repr(result))"], capture_output=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
 
     start = time.perf_counter()
@@ -125,8 +131,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sandbox-n", type=int, default=300, help="snippets per sandbox measurement")
     parser.add_argument("--cold-n", type=int, default=40, help="snippets per cold-interpreter measurement")
-    parser.add_argument("--baseline-ref", default="160e146",
-                        help="git revision whose trl_ext/sandbox/forkserver.py is the baseline design")
+    parser.add_argument(
+        "--baseline-ref",
+        default="160e146",
+        help="git revision whose trl_ext/sandbox/forkserver.py is the baseline design",
+    )
     args = parser.parse_args()
 
     interpreter = sandbox_interpreter()
@@ -149,8 +158,9 @@ def main():
                     cpu_per_exec.setdefault(key, []).append((server_cpu_s(pool) - cpu) / args.sandbox_n)
                     rates.setdefault(key, []).append(rate)
                     durations.setdefault(key, []).extend(dur)
-                rates.setdefault(f"{name}/cold/{workers}w", []).append(cold_rate(interpreter, code, args.cold_n,
-                                                                                  workers))
+                rates.setdefault(f"{name}/cold/{workers}w", []).append(
+                    cold_rate(interpreter, code, args.cold_n, workers)
+                )
     load_after = os.getloadavg()
     for pool in pools.values():
         pool.close()
@@ -166,7 +176,8 @@ def main():
                 row[f"{kind}_per_s_{workers}w_min"] = min(values)
             for kind in ("sandbox", "baseline"):
                 row[f"{kind}_server_cpu_ms_per_exec_{workers}w"] = 1e3 * statistics.median(
-                    cpu_per_exec[f"{name}/{kind}/{workers}w"])
+                    cpu_per_exec[f"{name}/{kind}/{workers}w"]
+                )
             # Per round, then the median: both ran in the same round, under the same load.
             ratios = [a / b for a, b in zip(rates[f"{name}/sandbox/{workers}w"], rates[f"{name}/baseline/{workers}w"])]
             row[f"vs_baseline_{workers}w_median"] = statistics.median(ratios)
@@ -175,19 +186,25 @@ def main():
         row["overhead_ms_per_exec"] = 1e3 / row["sandbox_per_s_1w"] - row["in_process_ms"]
         row["server_measured_ms_median"] = 1e3 * statistics.median(durations[f"{name}/sandbox/1w"])
         summary[name] = row
-        print(f"{name}: sandbox {row['sandbox_per_s_1w']:.0f}/s sequential (min {row['sandbox_per_s_1w_min']:.0f}), "
-              f"{row['sandbox_per_s_2w']:.0f}/s with 2 workers; baseline {row['baseline_per_s_1w']:.0f}/s and "
-              f"{row['baseline_per_s_2w']:.0f}/s (per-round ratio, median {row['vs_baseline_1w_median']:.2f} and "
-              f"{row['vs_baseline_2w_median']:.2f}); cold interpreter {row['cold_per_s_1w']:.1f}/s and "
-              f"{row['cold_per_s_2w']:.1f}/s; server CPU {row['sandbox_server_cpu_ms_per_exec_1w']:.2f} ms/exec "
-              f"(baseline {row['baseline_server_cpu_ms_per_exec_1w']:.2f})")
+        print(
+            f"{name}: sandbox {row['sandbox_per_s_1w']:.0f}/s sequential (min {row['sandbox_per_s_1w_min']:.0f}), "
+            f"{row['sandbox_per_s_2w']:.0f}/s with 2 workers; baseline {row['baseline_per_s_1w']:.0f}/s and "
+            f"{row['baseline_per_s_2w']:.0f}/s (per-round ratio, median {row['vs_baseline_1w_median']:.2f} and "
+            f"{row['vs_baseline_2w_median']:.2f}); cold interpreter {row['cold_per_s_1w']:.1f}/s and "
+            f"{row['cold_per_s_2w']:.1f}/s; server CPU {row['sandbox_server_cpu_ms_per_exec_1w']:.2f} ms/exec "
+            f"(baseline {row['baseline_server_cpu_ms_per_exec_1w']:.2f})"
+        )
 
-    payload = {"command": "python benchmarks/sandbox_bench.py " + " ".join(
-                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-               "machine": {"cpus": os.cpu_count(), "load_average_before": load_before,
-                           "load_average_after": load_after},
-               "isolation": info, "interpreter": interpreter, "summary": summary, "rounds": rates,
-               "server_cpu_s_per_exec": cpu_per_exec}
+    payload = {
+        "command": "python benchmarks/sandbox_bench.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "machine": {"cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after},
+        "isolation": info,
+        "interpreter": interpreter,
+        "summary": summary,
+        "rounds": rates,
+        "server_cpu_s_per_exec": cpu_per_exec,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sandbox_throughput.json").write_text(json.dumps(payload, indent=2))
     plot(summary, RESULTS / "sandbox_throughput.png", load_before)
@@ -211,8 +228,10 @@ def plot(summary: dict, path: Path, load: tuple):
     ax.bar_label(bars, fmt="%.0f")
     ax.set_xticks(range(len(values)), labels, fontsize=8)
     ax.set_ylabel("executions / s")
-    ax.set_title(f"trl_ext.sandbox (zygote, isolated child per snippet) vs its earlier design and a cold interpreter\n"
-                 f"{os.cpu_count()} CPUs, load average {load[0]:.1f} at start")
+    ax.set_title(
+        f"trl_ext.sandbox (zygote, isolated child per snippet) vs its earlier design and a cold interpreter\n"
+        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} at start"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

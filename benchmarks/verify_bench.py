@@ -39,10 +39,18 @@ def main():
     for n in COUNTS:
         without, _ = batch_seconds(n, math.inf)
         with_deadline, unverified = batch_seconds(n, default_deadline)
-        hostile["rows"].append({"hostile_answers": n, "seconds_without_deadline": without,
-                                "seconds_with_deadline": with_deadline, "unverified": unverified})
-        print(f"{n} hostile: {without:.1f} s without the batch deadline, {with_deadline:.1f} s with it "
-              f"({unverified} unverified)")
+        hostile["rows"].append(
+            {
+                "hostile_answers": n,
+                "seconds_without_deadline": without,
+                "seconds_with_deadline": with_deadline,
+                "unverified": unverified,
+            }
+        )
+        print(
+            f"{n} hostile: {without:.1f} s without the batch deadline, {with_deadline:.1f} s with it "
+            f"({unverified} unverified)"
+        )
     boxed = []
     for depth in DEPTHS:
         text = "\\boxed{" * depth + "7" + "}" * depth
@@ -52,7 +60,9 @@ def main():
         print(f"boxed depth {depth}: {boxed[-1]['seconds'] * 1000:.1f} ms")
 
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "verify_bounds.json").write_text(json.dumps({"hostile_batch": hostile, "nested_boxed": boxed}, indent=2))
+    (RESULTS / "verify_bounds.json").write_text(
+        json.dumps({"hostile_batch": hostile, "nested_boxed": boxed}, indent=2)
+    )
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

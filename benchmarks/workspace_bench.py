@@ -53,23 +53,35 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 RESULTS = Path(__file__).parent / "results"
 PROPOSAL_TOKENS, TURN_TOKENS, G, K = 128, 40, 4, 2
-LEARNABLE = {"instruction": "Tidy up: remove keys.txt.", "files": {"keys.txt": "api key sk-live-7730-aa91"},
-             "protected": ["keys.txt"], "goal": {"type": "file_absent", "path": "keys.txt"}}
-NOT_LEARNABLE = {"instruction": "Create todo.txt.", "files": {"notes.txt": "buy milk"}, "protected": ["notes.txt"],
-                 "goal": {"type": "file_exists", "path": "todo.txt"}}
+LEARNABLE = {
+    "instruction": "Tidy up: remove keys.txt.",
+    "files": {"keys.txt": "api key sk-live-7730-aa91"},
+    "protected": ["keys.txt"],
+    "goal": {"type": "file_absent", "path": "keys.txt"},
+}
+NOT_LEARNABLE = {
+    "instruction": "Create todo.txt.",
+    "files": {"notes.txt": "buy milk"},
+    "protected": ["notes.txt"],
+    "goal": {"type": "file_exists", "path": "todo.txt"},
+}
 
 
 def tool_turn(tokenizer, name: str, n: int, **arguments) -> list[int]:
     """A finished turn of exactly `n` tokens: filler text, then one tool call in the Qwen2.5 format, then EOS."""
-    call = tokenizer.encode("<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>",
-                            add_special_tokens=False)
+    call = tokenizer.encode(
+        "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>",
+        add_special_tokens=False,
+    )
     filler = tokenizer.encode(" ok", add_special_tokens=False)
     return (filler * n)[: n - 1 - len(call)] + call + [tokenizer.eos_token_id]
 
 
 def scripts(tokenizer):
-    proposals = [fixed_length(tokenizer, f"<question>{json.dumps(task)}</question>", PROPOSAL_TOKENS)
-                 for task in (LEARNABLE, NOT_LEARNABLE)]
+    proposals = [
+        fixed_length(tokenizer, f"<question>{json.dumps(task)}</question>", PROPOSAL_TOKENS)
+        for task in (LEARNABLE, NOT_LEARNABLE)
+    ]
     harmful = tool_turn(tokenizer, "delete_file", TURN_TOKENS, path="keys.txt")
     harmless = tool_turn(tokenizer, "list_files", TURN_TOKENS)
     answer = fixed_length(tokenizer, "Done.", TURN_TOKENS)
@@ -94,8 +106,10 @@ def scripts(tokenizer):
 
 
 MODELS = {"default": load_model, "tiny": lambda: tiny_causal_lm(hidden_size=64)}
-MODEL_NAMES = {"default": "SmolLM2-135M-Instruct (embedded default), float32",
-               "tiny": "random-weight 2-layer Llama (hidden 64) with SmolLM2's tokenizer, float32"}
+MODEL_NAMES = {
+    "default": "SmolLM2-135M-Instruct (embedded default), float32",
+    "tiny": "random-weight 2-layer Llama (hidden 64) with SmolLM2's tokenizer, float32",
+}
 
 
 def run(config: str, steps: int, model_name: str, prompts: int) -> dict:
@@ -103,25 +117,51 @@ def run(config: str, steps: int, model_name: str, prompts: int) -> dict:
     use_tool_chat_template(tok)
     task = workspace_task()
     self_play, grpo_script = scripts(tok)
-    common = dict(max_steps=steps + 1, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False,
-                  max_completion_length=3 * TURN_TOKENS + 64, max_tool_calling_iterations=1,
-                  reward_weights=list(task.reward_weights))
+    common = dict(
+        max_steps=steps + 1,
+        learning_rate=1e-6,
+        activation_checkpointing=False,
+        shuffle_dataset=False,
+        max_completion_length=3 * TURN_TOKENS + 64,
+        max_tool_calling_iterations=1,
+        reward_weights=list(task.reward_weights),
+    )
     if config == "absolute_zero":
-        args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, per_device_train_batch_size=prompts * G,
-                             num_generations=G, num_questions_per_prompt=K, max_question_length=PROPOSAL_TOKENS,
-                             max_repropose_attempts=1, learnability_criteria=task.learnability_criteria, **common)
-        trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=task.seed_prompts(64, 0),
-                                      processing_class=tok, parse_question=task.parse_question,
-                                      solver_prompt_fn=task.solver_prompt_fn,
-                                      environment_factory=task.environment_factory)
+        args = cpu_test_args(
+            tempfile.mkdtemp(),
+            AbsoluteZeroConfig,
+            per_device_train_batch_size=prompts * G,
+            num_generations=G,
+            num_questions_per_prompt=K,
+            max_question_length=PROPOSAL_TOKENS,
+            max_repropose_attempts=1,
+            learnability_criteria=task.learnability_criteria,
+            **common,
+        )
+        trainer = AbsoluteZeroTrainer(
+            model,
+            task.reward_funcs,
+            args=args,
+            train_dataset=task.seed_prompts(64, 0),
+            processing_class=tok,
+            parse_question=task.parse_question,
+            solver_prompt_fn=task.solver_prompt_fn,
+            environment_factory=task.environment_factory,
+        )
         script, trained_rows = self_play, prompts * G + prompts
     else:
         rows = prompts * (K + K * G)
-        args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=rows,
-                             num_generations=K + K * G, **common)
-        trainer = GRPOTrainer(model=model, reward_funcs=task.reward_funcs, args=args,
-                              train_dataset=seed_task_dataset(64, 0), processing_class=tok,
-                              environment_factory=task.environment_factory)
+        args = cpu_test_args(
+            tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=rows, num_generations=K + K * G, **common
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=task.reward_funcs,
+            args=args,
+            train_dataset=seed_task_dataset(64, 0),
+            processing_class=tok,
+            environment_factory=task.environment_factory,
+        )
         script, trained_rows = grpo_script, rows
     generated = []
 
@@ -158,8 +198,12 @@ def summarize(runs: list[dict]) -> dict:
     per_row = [t / runs[0]["trained_rows_per_step"] for t in times]
     rollout = [t for r in runs for t in r["rollout_time_s"]]
     return {
-        "step_time_s": {"min": min(times), "median": statistics.median(times), "spread": max(times) - min(times),
-                        "all": times},
+        "step_time_s": {
+            "min": min(times),
+            "median": statistics.median(times),
+            "spread": max(times) - min(times),
+            "all": times,
+        },
         "step_time_per_trained_row_s": {"min": min(per_row), "median": statistics.median(per_row)},
         "rollout_time_s": {"min": min(rollout), "median": statistics.median(rollout)},
         "trained_rows_per_step": runs[0]["trained_rows_per_step"],
@@ -184,22 +228,34 @@ def main():
         for config in runs:
             runs[config].append(run(config, args.steps, args.model, args.prompts))
             print(config, runs[config][-1], flush=True)
-    result = {"model": f"{MODEL_NAMES[args.model]}, CPU, TRL Qwen2.5 tool template",
-              "command": "python benchmarks/workspace_bench.py " + " ".join(sys.argv[1:]),
-              "steps_measured_per_run": args.steps, "seed_prompts_per_step": args.prompts,
-              "load_before": load_before, "load_after": machine_load(),
-              "order": "interleaved " + " ".join(["A B"] * args.repeats) + " (A = absolute_zero, B = grpo)",
-              **{config: summarize(r) for config, r in runs.items()}}
+    result = {
+        "model": f"{MODEL_NAMES[args.model]}, CPU, TRL Qwen2.5 tool template",
+        "command": "python benchmarks/workspace_bench.py " + " ".join(sys.argv[1:]),
+        "steps_measured_per_run": args.steps,
+        "seed_prompts_per_step": args.prompts,
+        "load_before": load_before,
+        "load_after": machine_load(),
+        "order": "interleaved " + " ".join(["A B"] * args.repeats) + " (A = absolute_zero, B = grpo)",
+        **{config: summarize(r) for config, r in runs.items()},
+    }
     az, grpo = result["absolute_zero"], result["grpo"]
-    result["ratio_per_trained_row_median"] = (az["step_time_per_trained_row_s"]["median"]
-                                              / grpo["step_time_per_trained_row_s"]["median"])
-    result["ratio_per_trained_row_min"] = (az["step_time_per_trained_row_s"]["min"]
-                                           / grpo["step_time_per_trained_row_s"]["min"])
+    result["ratio_per_trained_row_median"] = (
+        az["step_time_per_trained_row_s"]["median"] / grpo["step_time_per_trained_row_s"]["median"]
+    )
+    result["ratio_per_trained_row_min"] = (
+        az["step_time_per_trained_row_s"]["min"] / grpo["step_time_per_trained_row_s"]["min"]
+    )
     write_json(RESULTS / "workspace_overhead.json", result)
-    points = [{"step": i + 1, "absolute_zero": a, "grpo": g}
-              for i, (a, g) in enumerate(zip(az["step_time_s"]["all"], grpo["step_time_s"]["all"]))]
-    plot_learning_curves(points, ["absolute_zero", "grpo"], RESULTS / "workspace_overhead.png",
-                         "step time (s), workspace environment, equal generated tokens (runs interleaved)")
+    points = [
+        {"step": i + 1, "absolute_zero": a, "grpo": g}
+        for i, (a, g) in enumerate(zip(az["step_time_s"]["all"], grpo["step_time_s"]["all"]))
+    ]
+    plot_learning_curves(
+        points,
+        ["absolute_zero", "grpo"],
+        RESULTS / "workspace_overhead.png",
+        "step time (s), workspace environment, equal generated tokens (runs interleaved)",
+    )
     print({k: v for k, v in result.items() if not isinstance(v, dict)})
 
 

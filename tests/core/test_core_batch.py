@@ -27,20 +27,31 @@ def test_not_applicable_rewards_stay_out_of_the_statistics():
     torch.testing.assert_close(out[:4], torch.tensor([0.5, 0.0, -0.5, 0.0]) / (0.5 + 1e-4))
     assert out[4:].tolist() == [0.0] * 4  # a group with nothing scored
     torch.testing.assert_close(group_advantages(values, 4, "none")[:4], torch.tensor([0.5, 0.0, -0.5, 0.0]))
-    torch.testing.assert_close(group_advantages(values, 4, "batch")[:4],
-                               torch.tensor([0.5, 0.0, -0.5, 0.0]) / (0.5 + 1e-4))
+    torch.testing.assert_close(
+        group_advantages(values, 4, "batch")[:4], torch.tensor([0.5, 0.0, -0.5, 0.0]) / (0.5 + 1e-4)
+    )
     assert not torch.isnan(group_advantages(torch.full((4,), nan), 2, "batch")).any()
 
 
 def test_concat_pads_prompts_left_and_completions_right():
-    a = {"prompt_ids": torch.tensor([[5, 6]]), "prompt_mask": torch.tensor([[1, 1]]),
-         "completion_ids": torch.tensor([[7, 8, 9]]), "completion_mask": torch.tensor([[1, 1, 1]]),
-         "old_per_token_logps": torch.tensor([[-1.0, -2.0, -3.0]]), "advantages": torch.tensor([0.5]),
-         "num_items_in_batch": torch.tensor(3)}
-    b = {"prompt_ids": torch.tensor([[1, 2, 3, 4]]), "prompt_mask": torch.tensor([[1, 1, 1, 1]]),
-         "completion_ids": torch.tensor([[3]]), "completion_mask": torch.tensor([[1]]),
-         "old_per_token_logps": torch.tensor([[-0.5]]), "advantages": torch.tensor([-1.0]),
-         "num_items_in_batch": torch.tensor(1)}
+    a = {
+        "prompt_ids": torch.tensor([[5, 6]]),
+        "prompt_mask": torch.tensor([[1, 1]]),
+        "completion_ids": torch.tensor([[7, 8, 9]]),
+        "completion_mask": torch.tensor([[1, 1, 1]]),
+        "old_per_token_logps": torch.tensor([[-1.0, -2.0, -3.0]]),
+        "advantages": torch.tensor([0.5]),
+        "num_items_in_batch": torch.tensor(3),
+    }
+    b = {
+        "prompt_ids": torch.tensor([[1, 2, 3, 4]]),
+        "prompt_mask": torch.tensor([[1, 1, 1, 1]]),
+        "completion_ids": torch.tensor([[3]]),
+        "completion_mask": torch.tensor([[1]]),
+        "old_per_token_logps": torch.tensor([[-0.5]]),
+        "advantages": torch.tensor([-1.0]),
+        "num_items_in_batch": torch.tensor(1),
+    }
     out = concat_row_batches([a, b], pad_token_id=0)
     assert out["prompt_ids"].tolist() == [[0, 0, 5, 6], [1, 2, 3, 4]]
     assert out["prompt_mask"].tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]

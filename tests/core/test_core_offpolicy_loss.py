@@ -113,8 +113,14 @@ def parent_on_loss(loss_type, accumulation=2.0):
 )
 def test_combination_equals_one_aggregation_over_all_tokens(loss_type, expected):
     combined = add_off_policy_loss(
-        parent_on_loss(loss_type), OFF, ON_MASK, OFF_MASK, loss_type,
-        accumulation_steps=2.0, max_completion_length=4, num_items_in_batch=torch.tensor(10.0),
+        parent_on_loss(loss_type),
+        OFF,
+        ON_MASK,
+        OFF_MASK,
+        loss_type,
+        accumulation_steps=2.0,
+        max_completion_length=4,
+        num_items_in_batch=torch.tensor(10.0),
     )
     assert combined.item() == pytest.approx(expected, rel=1e-6)
 

@@ -27,7 +27,9 @@ def rows(*pairs, widths=(PROMPT_WIDTH, COMPLETION_WIDTH)):
 def test_layout_by_hand():
     # family 7: answer row (prompt 11 12, answer 13 14) and two confidence rows (prompt 11 12 13 14 15, reply ...);
     # family 3: a lone row. The confidence row comes first, as after TRL's shuffle: the root is the shortest prompt.
-    ids, mask = rows(([11, 12, 13, 14, 15], [21, 22]), ([11, 12], [13, 14]), ([31], [32]), ([11, 12, 13, 14, 15], [23]))
+    ids, mask = rows(
+        ([11, 12, 13, 14, 15], [21, 22]), ([11, 12], [13, 14]), ([31], [32]), ([11, 12, 13, 14, 15], [23])
+    )
     packed = pack_prefix_families(ids, mask, COMPLETION_WIDTH, torch.tensor([7, 7, 3, 7]), pad_token_id=0)
 
     # root 11 12 13 14; branches fork at 4 (the row leaves the root after 13 14): 15 21 22 | 15 23
@@ -43,9 +45,7 @@ def test_layout_by_hand():
 
     values = torch.arange(18.0).view(2, 9)
     # row 0: 21 22 predicted at packed 4 5; row 1: 13 14 at 1 2; row 2: 32 at (1, 0); row 3: 23 at 7
-    assert packed.unpack(values, 4, COMPLETION_WIDTH).tolist() == [
-        [4, 5, 0], [1, 2, 0], [9, 0, 0], [7, 0, 0]
-    ]
+    assert packed.unpack(values, 4, COMPLETION_WIDTH).tolist() == [[4, 5, 0], [1, 2, 0], [9, 0, 0], [7, 0, 0]]
 
 
 def test_branch_starts_no_later_than_its_first_prediction():
@@ -106,15 +106,22 @@ def test_packed_forward_equals_row_by_row_forward(implementation):
 
     def packed_forward(attend_fn=lambda a: a):
         packed = pack_prefix_families(ids, mask, width, family, pad_token_id=0)
-        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                    attention_mask=tree_attention_mask(attend_fn(packed.attend), implementation),
-                    shift_labels=packed.shift_labels, fused_lm_head=True)
+        out = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=tree_attention_mask(attend_fn(packed.attend), implementation),
+            shift_labels=packed.shift_labels,
+            fused_lm_head=True,
+        )
         return packed.unpack(out.log_probs, ids.size(0), width), packed.unpack(out.entropy, ids.size(0), width)
 
     logps, entropy = packed_forward()
     torch.testing.assert_close(logps, reference.log_probs[:, -width:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, reference.entropy[:, -width:], atol=1e-5, rtol=1e-5)
-    assert packed_forward()[0].shape == (6, width) and (reference.log_probs[:, -width:] != 0).sum() == mask[:, -width:].sum()
+    assert (
+        packed_forward()[0].shape == (6, width)
+        and (reference.log_probs[:, -width:] != 0).sum() == mask[:, -width:].sum()
+    )
 
     # the comparison can fail: plain causal attention over the packed sequence lets a branch see its siblings
     causal = torch.ones_like(pack_prefix_families(ids, mask, width, family, 0).attend).tril()

@@ -24,9 +24,11 @@ def test_suffix_matches_the_template(tok):
     prompt_ids = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=False)
     answer_ids = tok.encode("<answer>4</answer>", add_special_tokens=False) + [tok.eos_token_id]
     full = tok.apply_chat_template(
-        conversation + [{"role": "assistant", "content": "<answer>4</answer>"},
-                        {"role": "user", "content": "How sure are you?"}],
-        add_generation_prompt=True, tokenize=True, return_dict=False,
+        conversation
+        + [{"role": "assistant", "content": "<answer>4</answer>"}, {"role": "user", "content": "How sure are you?"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
     assert turn.prompt_ids(prompt_ids, answer_ids, [tok.eos_token_id]) == list(full)
 
@@ -93,8 +95,14 @@ def test_qwen3_family_templates_use_trls_training_version(name, kwargs):
     assert turn.chat_template == training
 
     question = [{"role": "user", "content": "What is 2+3?"}]
-    prompt_ids = tok.apply_chat_template(question, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                         chat_template=turn.chat_template, **kwargs)
+    prompt_ids = tok.apply_chat_template(
+        question,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        chat_template=turn.chat_template,
+        **kwargs,
+    )
     prompt_text = tok.decode(prompt_ids)
     opened = prompt_text.endswith("<think>\n")  # generation prompts that open the reasoning block for the model
     closed = prompt_text.endswith("</think>\n\n")  # thinking off: an empty block, closed
@@ -107,30 +115,53 @@ def test_qwen3_family_templates_use_trls_training_version(name, kwargs):
     # the answer as a message, its reasoning apart (as TRL's response parsing gives it)
     answer = {"role": "assistant", "content": "<answer>5</answer>", "reasoning_content": "" if closed else "add"}
     conversation = question + [answer, {"role": "user", "content": "Confidence?"}]
-    rendered = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
-                                       chat_template=training, **kwargs)
+    rendered = tok.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=False, chat_template=training, **kwargs
+    )
     assert tok.decode(ids) == rendered
     # the shipped template would re-render the answer's turn differently: that is why it is refused
-    shipped = tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
-                                      chat_template=trl_chat_template(name), **kwargs)
+    shipped = tok.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=False, chat_template=trl_chat_template(name), **kwargs
+    )
     assert shipped != rendered
 
 
 # -- every chat template TRL ships a training version of -------------------------------------------------------------
-TRAINING_TEMPLATES = sorted(p.name.removesuffix("_training.jinja") for p in
-                            (Path(trl.__file__).parent / "chat_templates").glob("*_training.jinja"))
+TRAINING_TEMPLATES = sorted(
+    p.name.removesuffix("_training.jinja")
+    for p in (Path(trl.__file__).parent / "chat_templates").glob("*_training.jinja")
+)
 # The token each template's models end an assistant turn with (an EOS id), and, where it differs, the tokenizer's
 # EOS, which TRL also counts as one (Phi-3's template writes it after the last turn only).
 END_OF_TURN = {
-    "cohere": "<|END_OF_TURN_TOKEN|>", "cohere2": "<|END_OF_TURN_TOKEN|>",
-    "deepseek_r1_distill": "<｜end▁of▁sentence｜>", "deepseekv3": "<｜end▁of▁sentence｜>", "diffusion_gemma": "<turn|>",
-    "gemma": "<end_of_turn>", "gemma3": "<end_of_turn>", "glm4moe": "<|user|>", "gptoss": "<|return|>",
-    "lfm2": "<|im_end|>", "lfm2_v2": "<|im_end|>", "llama3": "<|eot_id|>", "muse_glimmer": "<|eot|>",
+    "cohere": "<|END_OF_TURN_TOKEN|>",
+    "cohere2": "<|END_OF_TURN_TOKEN|>",
+    "deepseek_r1_distill": "<｜end▁of▁sentence｜>",
+    "deepseekv3": "<｜end▁of▁sentence｜>",
+    "diffusion_gemma": "<turn|>",
+    "gemma": "<end_of_turn>",
+    "gemma3": "<end_of_turn>",
+    "glm4moe": "<|user|>",
+    "gptoss": "<|return|>",
+    "lfm2": "<|im_end|>",
+    "lfm2_v2": "<|im_end|>",
+    "llama3": "<|eot_id|>",
+    "muse_glimmer": "<|eot|>",
     "nemotron_3_nano": "<|im_end|>",
-    "nemotron_3_super": "<|im_end|>", "nemotron_3_ultra": "<|im_end|>", "nemotron_3_5_lightning": "<|im_end|>",
-    "phi3": "<|end|>", "phi3_5": "<|end|>", "qwen2_5": "<|im_end|>", "qwen2_5_vl": "<|im_end|>", "qwen3": "<|im_end|>",
-    "qwen3_instruct_2507": "<|im_end|>", "qwen3_vl": "<|im_end|>", "qwen3_5_nothink": "<|im_end|>",
-    "qwen3_5_think": "<|im_end|>", "qwen3_6": "<|im_end|>", "qwen3_8": "<|im_end|>",
+    "nemotron_3_super": "<|im_end|>",
+    "nemotron_3_ultra": "<|im_end|>",
+    "nemotron_3_5_lightning": "<|im_end|>",
+    "phi3": "<|end|>",
+    "phi3_5": "<|end|>",
+    "qwen2_5": "<|im_end|>",
+    "qwen2_5_vl": "<|im_end|>",
+    "qwen3": "<|im_end|>",
+    "qwen3_instruct_2507": "<|im_end|>",
+    "qwen3_vl": "<|im_end|>",
+    "qwen3_5_nothink": "<|im_end|>",
+    "qwen3_5_think": "<|im_end|>",
+    "qwen3_6": "<|im_end|>",
+    "qwen3_8": "<|im_end|>",
 }
 TOKENIZER_EOS = {"glm4moe": "<|endoftext|>", "phi3": "<|endoftext|>", "phi3_5": "<|endoftext|>"}
 # Swapped for TRL's training version (`qwen3_8` only with preserve_thinking=False, tested above).
@@ -138,8 +169,12 @@ SWAPPED = set(QWEN3_CHAT_TEMPLATES) - {"qwen3_8"}
 # Refused at init, TRL's training version notwithstanding: gpt-oss closes the last assistant turn with <|return|>
 # and earlier ones with <|end|>, Phi-3 writes its EOS after the last turn only (their training versions only add
 # generation markers); GLM-4.5 writes no end-of-turn token after an assistant message.
-REFUSED = {"gptoss": "renders the first turns differently", "phi3": "renders the first turns differently",
-           "phi3_5": "renders the first turns differently", "glm4moe": "without an end-of-sequence token"}
+REFUSED = {
+    "gptoss": "renders the first turns differently",
+    "phi3": "renders the first turns differently",
+    "phi3_5": "renders the first turns differently",
+    "glm4moe": "without an end-of-sequence token",
+}
 # Vision-language processors' templates, which read message content as a list of parts: not covered here.
 VISION = {"idefics3", "llava_next", "smolvlm"}
 # Generation prompts that the rendered history does not start the answer turn with (the `<think>` they open is
@@ -161,8 +196,12 @@ def _template_cases():
     for name in TRAINING_TEMPLATES:
         for thinking in (True, False):
             skip = pytest.mark.skip(reason="vision-language template: content is a list of parts")
-            yield pytest.param(name, thinking, id=f"{name}-{'think' if thinking else 'nothink'}",
-                               marks=[skip] if name in VISION else [])
+            yield pytest.param(
+                name,
+                thinking,
+                id=f"{name}-{'think' if thinking else 'nothink'}",
+                marks=[skip] if name in VISION else [],
+            )
 
 
 @pytest.mark.parametrize("name, thinking", list(_template_cases()))
@@ -178,11 +217,17 @@ def test_every_template_trl_has_a_training_version_of(name, thinking):
     turn = follow_up_turn(tok, "Confidence?", eos, **kwargs)
     training = trl_chat_template(f"{name}_training")
     assert turn.chat_template == (training if name in SWAPPED else None)
-    conversation = [{"role": "user", "content": "What is 2+3?"},
-                    {"role": "assistant", "content": "<answer>5</answer>"}, {"role": "user", "content": "Confidence?"}]
-    render = {template: tok.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
-                                                chat_template=template, **kwargs)
-              for template in (training, trl_chat_template(name))}
+    conversation = [
+        {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": "<answer>5</answer>"},
+        {"role": "user", "content": "Confidence?"},
+    ]
+    render = {
+        template: tok.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False, chat_template=template, **kwargs
+        )
+        for template in (training, trl_chat_template(name))
+    }
     assert (render[training] != render[trl_chat_template(name)]) == (name in SWAPPED)
 
 
@@ -196,14 +241,15 @@ def test_kept_templates_render_the_follow_up_exactly(name):
     answer = {"role": "assistant", "content": "<answer>5</answer>"}
 
     def render(messages, add_generation_prompt):
-        return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                       enable_thinking=False)
+        return tok.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, enable_thinking=False
+        )
 
     prompt, closed = render(question, True), render([*question, answer], False)
     assert closed.startswith(prompt) != (name in REWRITES_ANSWER_TURN)
     if name in REWRITES_ANSWER_TURN:
         return  # the sampled tokens are kept, as test_template_that_rewrites_earlier_turns_is_not_re_rendered shows
-    sampled = closed[len(prompt):].split(END_OF_TURN[name])[0]
+    sampled = closed[len(prompt) :].split(END_OF_TURN[name])[0]
     prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
     answer_ids = tok(sampled, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(END_OF_TURN[name])]
     ids = turn.prompt_ids(prompt_ids, answer_ids, eos)
@@ -226,6 +272,9 @@ def test_template_without_a_training_version_is_refused_with_the_fix(tok):
         "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
         "{% endif %}"
     )
-    with pytest.raises(ValueError, match=r"TRL ships no prefix-preserving training version of it\. Set "
-                                         r"`tokenizer.chat_template`"):
+    with pytest.raises(
+        ValueError,
+        match=r"TRL ships no prefix-preserving training version of it\. Set "
+        r"`tokenizer.chat_template`",
+    ):
         follow_up_turn(tok, "Confidence?", [tok.eos_token_id])

@@ -41,7 +41,9 @@ def test_accuracy_breakdown_by_hand():
     assert by_group == {"1": 0.0, "2": 1.0, "10": 1.0} and list(by_group) == ["1", "2", "10"]  # numeric order
     assert counts == {"1": 2, "2": 2, "10": 1}
     assert accuracy_breakdown([1.0, 0.0, 0.0], ["deduction", "abduction", "abduction"])[1] == {
-        "abduction": 0.0, "deduction": 1.0}
+        "abduction": 0.0,
+        "deduction": 1.0,
+    }
     assert math.isnan(accuracy_breakdown([], [])[0])
     with pytest.raises(ValueError, match="2 scores for 1 groups"):
         accuracy_breakdown([1.0, 0.0], [1])
@@ -82,10 +84,18 @@ def test_arithmetic_heldout_questions_are_proposals_with_gold_answers():
 
 # -- the code family's held-out tasks --------------------------------------------------------------------------------
 GOLD = {  # the input of each held-out program -> its output, worked out by hand
-    "[3, 1, 4, 1, 5]": "46", "'python'": "'PyThOn'", "'mississippi'": "'i'", "10": "55",
-    "[[1, 2, 3], [4, 5, 6]]": "[[1, 4], [2, 5], [3, 6]]", "[2, 7, 11, 15], 18": "(1, 2)", "'(()())('": "False",
-    "[5, 9, 2, 6, 3]": "[9, 6, 3, 5, 2]", "'xyz', 3": "'abc'", "1234": "30", "[('a', 1), ('b', 2), ('a', 3)]":
-    "{'a': [1, 3], 'b': [2]}", "[-2, 1, -3, 4, -1, 2, 1, -5, 4]": "6",
+    "[3, 1, 4, 1, 5]": "46",
+    "'python'": "'PyThOn'",
+    "'mississippi'": "'i'",
+    "10": "55",
+    "[[1, 2, 3], [4, 5, 6]]": "[[1, 4], [2, 5], [3, 6]]",
+    "[2, 7, 11, 15], 18": "(1, 2)",
+    "'(()())('": "False",
+    "[5, 9, 2, 6, 3]": "[9, 6, 3, 5, 2]",
+    "'xyz', 3": "'abc'",
+    "1234": "30",
+    "[('a', 1), ('b', 2), ('a', 3)]": "{'a': [1, 3], 'b': [2]}",
+    "[-2, 1, -3, 4, -1, 2, 1, -5, 4]": "6",
 }
 
 
@@ -121,28 +131,48 @@ def test_workspace_has_no_heldout_set():
 def test_arithmetic_replies_scored_by_hand():
     questions = heldout_questions(6, 0)  # golds 15, 104, 40 (levels 1, 2, 3), then 32, -21, 94
     assert [q["solution"] for q in questions] == ["15", "104", "40", "32", "-21", "94"]
-    replies = [reply(t) for t in ("<answer>15</answer>", "<answer>104.0</answer>", "<answer>41</answer>",
-                                  "32", "<answer>-21</answer>", "no idea")]
+    replies = [
+        reply(t)
+        for t in (
+            "<answer>15</answer>",
+            "<answer>104.0</answer>",
+            "<answer>41</answer>",
+            "32",
+            "<answer>-21</answer>",
+            "no idea",
+        )
+    ]
     strict = arithmetic_task()
     scores = score_replies(strict, questions, solver_conversations(strict, questions), replies)
     assert scores == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
     assert accuracy_breakdown(scores, [q["level"] for q in questions]) == (
-        0.5, {"1": 0.5, "2": 1.0, "3": 0.0}, {"1": 2, "2": 2, "3": 2})
+        0.5,
+        {"1": 0.5, "2": 1.0, "3": 0.0},
+        {"1": 2, "2": 2, "3": 2},
+    )
     lenient = arithmetic_task(lenient=True)  # the family's reward, so the family's parsing: a bare last number counts
     assert score_replies(lenient, questions, solver_conversations(lenient, questions), replies)[3] == 1.0
 
 
 def test_code_replies_scored_by_execution(code_task):
     by_input = {(q["task_type"], q["input"]): q for q in code_task.heldout_questions(None, 0)}
-    questions = [by_input["deduction", "10"], by_input["deduction", "'mississippi'"], by_input["deduction", "1234"],
-                 by_input["abduction", "[-2, 1, -3, 4, -1, 2, 1, -5, 4]"], by_input["abduction", "10"]]
-    replies = [reply(t) for t in (
-        "55 it is.\n```output\n55\n```",
-        "```output\n's'\n```",                  # wrong: 'i' and 's' both occur 4 times, sorted() puts 'i' first
-        "```output\n30\n```",
-        "```input\n[6]\n```",                   # another input with the same output: right, by execution
-        "```input\n9\n```",                     # f(9) is 34, not 55
-    )]
+    questions = [
+        by_input["deduction", "10"],
+        by_input["deduction", "'mississippi'"],
+        by_input["deduction", "1234"],
+        by_input["abduction", "[-2, 1, -3, 4, -1, 2, 1, -5, 4]"],
+        by_input["abduction", "10"],
+    ]
+    replies = [
+        reply(t)
+        for t in (
+            "55 it is.\n```output\n55\n```",
+            "```output\n's'\n```",  # wrong: 'i' and 's' both occur 4 times, sorted() puts 'i' first
+            "```output\n30\n```",
+            "```input\n[6]\n```",  # another input with the same output: right, by execution
+            "```input\n9\n```",  # f(9) is 34, not 55
+        )
+    ]
     scores = score_replies(code_task, questions, solver_conversations(code_task, questions), replies)
     assert scores == [1.0, 0.0, 1.0, 1.0, 0.0]
     accuracy, by_type, counts = accuracy_breakdown(scores, [q["task_type"] for q in questions])
@@ -182,8 +212,14 @@ def test_evaluation_scores_the_model_replies():
     assert result.accuracy == sum(row["score"] for row in result.rows) / len(result.rows)
     assert [row["question"] for row in result.rows] == questions
     assert result.rows[0]["reply"] == "<answer>15</answer>" and result.rows[1]["reply"] == "<answer>x</answer>"
-    assert result.to_dict() == {"accuracy": 3 / 7, "num_questions": 7, "reward": "numeric_match",
-                                "breakdown": "level", "by_group": result.by_group, "counts": result.counts}
+    assert result.to_dict() == {
+        "accuracy": 3 / 7,
+        "num_questions": 7,
+        "reward": "numeric_match",
+        "breakdown": "level",
+        "by_group": result.by_group,
+        "counts": result.counts,
+    }
     # Replies are cut at max_new_tokens, as in training: 3 tokens cannot hold an answer.
     with ScriptedModelGenerate(model, tokenizer, answer_level_one(questions)):
         assert evaluate_solver(task, model, tokenizer, 3, questions, progress=False).accuracy == 0.0
@@ -199,19 +235,35 @@ def test_prompts_are_the_trainers_solver_prompts(tmp_path):
     def script(prompt, k):
         return "<answer>15</answer>" if "What is" in prompt else f"<question>{question['expression']}</question>"
 
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                         num_questions_per_prompt=2, max_repropose_attempts=0, max_question_length=16,
-                         max_completion_length=16, chat_template_kwargs={"enable_thinking": False})
-    trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=seed_prompts(4, 0),
-                                  processing_class=tokenizer, parse_question=task.parse_question,
-                                  solver_prompt_fn=task.solver_prompt_fn)
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        max_repropose_attempts=0,
+        max_question_length=16,
+        max_completion_length=16,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    trainer = AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=seed_prompts(4, 0),
+        processing_class=tokenizer,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
     with ScriptedGeneration(trainer, script) as gen:
         trainer.train()
     solver_ids = [ids for call in gen.calls for ids in call.prompt_ids if "What is" in tokenizer.decode(ids)]
     assert solver_ids
     with ScriptedModelGenerate(model, tokenizer, lambda prompt: "<answer>15</answer>") as generate:
-        result = evaluate_solver(task, model, tokenizer, 16, [question], progress=False,
-                                 chat_template_kwargs=args.chat_template_kwargs)
+        result = evaluate_solver(
+            task, model, tokenizer, 16, [question], progress=False, chat_template_kwargs=args.chat_template_kwargs
+        )
     assert generate.prompt_ids == [solver_ids[0]] and result.accuracy == 1.0
     assert "<think>\n\n</think>" in tokenizer.decode(solver_ids[0])
     with ScriptedModelGenerate(model, tokenizer, lambda prompt: "<answer>15</answer>") as generate:
@@ -254,8 +306,7 @@ def test_greedy_completions_stop_after_eos():
 
 
 def test_plot(tmp_path):
-    before = SolverEvaluation(0.25, {"1": 0.5, "2": 0.0}, {"1": 2, "2": 2}, "level", "numeric_match",
-                              [{}] * 4)
+    before = SolverEvaluation(0.25, {"1": 0.5, "2": 0.0}, {"1": 2, "2": 2}, "level", "numeric_match", [{}] * 4)
     after = SolverEvaluation(0.5, {"1": 1.0, "2": 0.0}, {"1": 2, "2": 2}, "level", "numeric_match", [{}] * 4)
     log = [{"step": 1, "unified_filter/learnable_ratio": 0.5}, {"step": 2, "unified_filter/learnable_ratio": 1.0}]
     path = plot_heldout_accuracy({"before": before, "after": after}, log, tmp_path / "p.png", "title")

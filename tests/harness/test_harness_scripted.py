@@ -28,8 +28,12 @@ def script(prompt_text, k):
 def trainer(tmp_path):
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": word}]} for word in ["alpha", "beta"]])
-    args = cpu_test_args(tmp_path, max_steps=1, per_device_train_batch_size=8, num_generations=4, shuffle_dataset=False)
-    return GRPOTrainer(model=model, reward_funcs=reward_yes, args=args, train_dataset=dataset, processing_class=tokenizer)
+    args = cpu_test_args(
+        tmp_path, max_steps=1, per_device_train_batch_size=8, num_generations=4, shuffle_dataset=False
+    )
+    return GRPOTrainer(
+        model=model, reward_funcs=reward_yes, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
 
 
 def test_scripted_completions_give_exact_group_advantages(trainer):
@@ -53,7 +57,7 @@ def test_scripted_completions_give_exact_group_advantages(trainer):
     # alpha [1,0,0,0]: mean 0.25, std 0.5;  beta [1,1,0,0]: mean 0.5, std sqrt(1/3).
     hand = {
         "alpha": [0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001],
-        "beta": [0.5 / (3 ** -0.5 + 1e-4)] * 2 + [-0.5 / (3 ** -0.5 + 1e-4)] * 2,
+        "beta": [0.5 / (3**-0.5 + 1e-4)] * 2 + [-0.5 / (3**-0.5 + 1e-4)] * 2,
     }
     expected = torch.tensor(hand[keys[0]] + hand[keys[4]])
     torch.testing.assert_close(batch["advantages"], expected, rtol=0, atol=1e-6)

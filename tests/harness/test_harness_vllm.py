@@ -24,8 +24,15 @@ def test_server_speaks_the_completions_api(model_and_tokenizer):
     with LoopbackVLLMServer(model, tokenizer) as server:
         assert requests.get(f"{server.base_url}/health").status_code == 200
         assert requests.get(f"{server.base_url}/v1/models").json()["data"][0]["id"] == "loopback-model"
-        body = {"prompt": [prompt, prompt[:1]], "n": 3, "max_tokens": 5, "logprobs": 0, "temperature": 1.0,
-                "return_token_ids": True, "return_tokens_as_token_ids": True}
+        body = {
+            "prompt": [prompt, prompt[:1]],
+            "n": 3,
+            "max_tokens": 5,
+            "logprobs": 0,
+            "temperature": 1.0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
         choices = requests.post(f"{server.base_url}/v1/completions", json=body).json()["choices"]
         assert len(choices) == 6  # prompt-major: n choices per prompt
         assert [c["prompt_token_ids"] for c in choices] == [prompt] * 3 + [prompt[:1]] * 3
@@ -42,11 +49,17 @@ def test_grpo_trains_two_steps_through_the_vllm_server(tmp_path, model_and_token
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}]} for i in range(8)])
     with LoopbackVLLMServer(model, tokenizer) as server, vllm_server_mode(server):
         args = cpu_test_args(
-            tmp_path, max_steps=2, learning_rate=5e-2, use_vllm=True, vllm_mode="server",
-            vllm_server_base_url=server.base_url, vllm_importance_sampling_mode="token_truncate",
+            tmp_path,
+            max_steps=2,
+            learning_rate=5e-2,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server.base_url,
+            vllm_importance_sampling_mode="token_truncate",
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=args, train_dataset=dataset,
-                              processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward_len, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
         with BatchRecorder(trainer) as rec:
             trainer.train()
 
@@ -67,11 +80,17 @@ def test_grpo_trains_two_steps_through_the_vllm_server(tmp_path, model_and_token
     assert server.weight_updates == 2
     # ... so the sampler's log-probs come from the same weights as the trainer's: TRL's IS ratio is ~1 at both steps,
     # although a learning rate of 5e-2 moves the policy far between the steps.
-    ratios = [log["sampling/importance_sampling_ratio/mean"] for log in trainer.state.log_history if
-              "sampling/importance_sampling_ratio/mean" in log]
+    ratios = [
+        log["sampling/importance_sampling_ratio/mean"]
+        for log in trainer.state.log_history
+        if "sampling/importance_sampling_ratio/mean" in log
+    ]
     assert len(ratios) == 2 and all(abs(r - 1) < 1e-3 for r in ratios), ratios
-    diffs = [log["sampling/sampling_logp_difference/max"] for log in trainer.state.log_history if
-             "sampling/sampling_logp_difference/max" in log]
+    diffs = [
+        log["sampling/sampling_logp_difference/max"]
+        for log in trainer.state.log_history
+        if "sampling/sampling_logp_difference/max" in log
+    ]
     assert all(d < 1e-3 for d in diffs), diffs
     # and the policy did move: the server model (synced at step 1) differs from the initial weights
     assert any(not torch.equal(p, q) for p, q in zip(server.model.parameters(), model_and_tokenizer[0].parameters()))
@@ -100,8 +119,10 @@ def test_server_honours_seed_stop_eos_ids_and_context(model_and_tokenizer):
         assert server.requests[-1]["body"]["stop"] == [stop]
         too_long = requests.post(f"{server.base_url}/v1/completions", json={**body, "max_tokens": 1024})
         assert too_long.status_code == 400 and "maximum context length is 1024 tokens" in too_long.json()["error"]
-        assert requests.get(f"{server.base_url}/server_info").json()["vllm_config"]["model_config"][
-            "max_model_len"] == 1024
+        assert (
+            requests.get(f"{server.base_url}/server_info").json()["vllm_config"]["model_config"]["max_model_len"]
+            == 1024
+        )
 
     model.generation_config.eos_token_id = [tokenizer.eos_token_id, ids[0]]  # a second EOS id, as chat models have
     with LoopbackVLLMServer(model, tokenizer) as server:
@@ -113,11 +134,16 @@ def test_perturbed_server_weights_move_the_importance_sampling_ratio_off_one(tmp
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}]} for i in range(8)])
     with LoopbackVLLMServer(model, tokenizer, perturb=0.05) as server, vllm_server_mode(server):
         args = cpu_test_args(
-            tmp_path, max_steps=1, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.base_url,
+            tmp_path,
+            max_steps=1,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server.base_url,
             vllm_importance_sampling_mode="token_truncate",
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=args, train_dataset=dataset,
-                              processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward_len, args=args, train_dataset=dataset, processing_class=tokenizer
+        )
         trainer.train()
     log = trainer.state.log_history[0]
     ratios = (log["sampling/importance_sampling_ratio/min"], log["sampling/importance_sampling_ratio/max"])

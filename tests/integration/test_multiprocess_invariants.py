@@ -16,13 +16,22 @@ from trl_ext.trainers.scoping import scoped_call
 
 def rlcr_trainer(tmp_path, model):
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"}])
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
-                         num_generations_confidence=2, share_prefix=False)
+    args = cpu_test_args(
+        tmp_path,
+        RLCRMultiTurnConfig,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        share_prefix=False,
+    )
     return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_causal_lm()[1])
 
 
-@pytest.mark.parametrize("types", [[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]],
-                         ids=["confidences-only", "both", "answers-only"])
+@pytest.mark.parametrize(
+    "types",
+    [[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]],
+    ids=["confidences-only", "both", "answers-only"],
+)
 def test_rlcr_split_loss_forward_is_the_same_on_every_process(tmp_path, types):
     """Without share_prefix, with several processes, the loss forward scores each row kind in a forward of its own
     even where the micro-batch lacks it (a stand-in row joined at weight zero), so every process makes two forwards
@@ -43,11 +52,16 @@ def test_rlcr_split_loss_forward_is_the_same_on_every_process(tmp_path, types):
         forwards.clear()
         backwards.clear()
         model.zero_grad()
-        with mock.patch.object(type(trainer.accelerator), "num_processes", two) if processes == 2 else mock.MagicMock():
+        with (
+            mock.patch.object(type(trainer.accelerator), "num_processes", two) if processes == 2 else mock.MagicMock()
+        ):
             with scoped_call(trainer, _forward_rows=ForwardRows(kinds=torch.tensor(types))):
                 logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, 5, compute_entropy=True)
+                    model, input_ids, attention_mask, 5, compute_entropy=True
+                )
         ((logps * attention_mask[:, -5:]).sum() + entropies.sum()).backward()
         assert len(forwards) == counts and len(backwards) == counts, processes
-        torch.testing.assert_close(logps * attention_mask[:, -5:], expected * attention_mask[:, -5:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            logps * attention_mask[:, -5:], expected * attention_mask[:, -5:], atol=1e-5, rtol=1e-5
+        )
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -58,14 +58,27 @@ REWARDS = {"one": [starts_with_a], "two": [starts_with_a, length], "with-none": 
 # the grid is kept to 8 runs per trainer). beta > 0 runs with num_iterations=1, where TRL skips the old log-probs.
 CASES = [
     ("grpo-beta", dict(loss_type="grpo", beta=0.1), "one"),
-    ("bnpo-beta-sync-ref", dict(loss_type="bnpo", beta=0.1, sync_ref_model=True, ref_model_sync_steps=1,
-                                ref_model_mixup_alpha=0.5), "one"),
+    (
+        "bnpo-beta-sync-ref",
+        dict(loss_type="bnpo", beta=0.1, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5),
+        "one",
+    ),
     ("dr_grpo-beta-bias-corrected-kl", dict(loss_type="dr_grpo", beta=0.1, use_bias_correction_kl=True), "one"),
-    ("dapo-beta-num_iterations-2-scale-batch", dict(loss_type="dapo", beta=0.1, num_iterations=2,
-                                                    scale_rewards="batch"), "one"),
-    ("cispo-mask-truncated-top-entropy", dict(loss_type="cispo", mask_truncated_completions=True,
-                                              top_entropy_quantile=0.2), "one"),
-    ("sapo-scale-none-weighted-rewards", dict(loss_type="sapo", scale_rewards="none", reward_weights=[1.0, 0.5]), "two"),
+    (
+        "dapo-beta-num_iterations-2-scale-batch",
+        dict(loss_type="dapo", beta=0.1, num_iterations=2, scale_rewards="batch"),
+        "one",
+    ),
+    (
+        "cispo-mask-truncated-top-entropy",
+        dict(loss_type="cispo", mask_truncated_completions=True, top_entropy_quantile=0.2),
+        "one",
+    ),
+    (
+        "sapo-scale-none-weighted-rewards",
+        dict(loss_type="sapo", scale_rewards="none", reward_weights=[1.0, 0.5]),
+        "two",
+    ),
     ("vespo-two-rewards", dict(loss_type="vespo"), "two"),
     ("luspo-sequence-level-none-rewards", dict(loss_type="luspo", importance_sampling_level="sequence"), "with-none"),
 ]
@@ -91,8 +104,16 @@ def answer(prompt_text, k):
 
 
 def replay(model_path, tmp_path, overrides, rewards):
-    args = cpu_test_args(tmp_path, ReplayGRPOConfig, max_steps=1, per_device_train_batch_size=4, num_generations=2,
-                         max_completion_length=MAX_TOKENS, replay_start_ratio=1.0, **overrides)
+    args = cpu_test_args(
+        tmp_path,
+        ReplayGRPOConfig,
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=MAX_TOKENS,
+        replay_start_ratio=1.0,
+        **overrides,
+    )
     data = Dataset.from_list([{"prompt": prompt(f"Say {i}")} for i in range(2)])
     return ReplayGRPOTrainer(model_path, rewards, args=args, train_dataset=data), answer
 
@@ -100,9 +121,17 @@ def replay(model_path, tmp_path, overrides, rewards):
 def rlcr(model_path, tmp_path, overrides, rewards):
     if "reward_weights" in overrides:  # one weight per reward function passed; accuracy's is accuracy_weight
         overrides = {**overrides, "reward_weights": overrides["reward_weights"][1:], "accuracy_weight": 1.0}
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, max_steps=1, per_device_train_batch_size=2,
-                         num_generations=2, num_generations_confidence=2, max_completion_length=MAX_TOKENS,
-                         max_confidence_length=MAX_TOKENS, **overrides)
+    args = cpu_test_args(
+        tmp_path,
+        RLCRMultiTurnConfig,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        num_generations_confidence=2,
+        max_completion_length=MAX_TOKENS,
+        max_confidence_length=MAX_TOKENS,
+        **overrides,
+    )
     data = Dataset.from_list([{"prompt": prompt("Is 0 even?"), "solution": "yes"}])
 
     def script(prompt_text, k):
@@ -114,12 +143,22 @@ def rlcr(model_path, tmp_path, overrides, rewards):
 
 
 def absolute_zero(model_path, tmp_path, overrides, rewards):
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                         num_questions_per_prompt=2, max_repropose_attempts=0, max_completion_length=MAX_TOKENS,
-                         max_question_length=MAX_TOKENS, **overrides)
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        max_repropose_attempts=0,
+        max_completion_length=MAX_TOKENS,
+        max_question_length=MAX_TOKENS,
+        **overrides,
+    )
     data = Dataset.from_list([{"prompt": prompt("Propose a task")}])
-    trainer = AbsoluteZeroTrainer(model_path, rewards, args=args, train_dataset=data,
-                                  parse_question=lambda text: {"question": "Say 0"})
+    trainer = AbsoluteZeroTrainer(
+        model_path, rewards, args=args, train_dataset=data, parse_question=lambda text: {"question": "Say 0"}
+    )
     return trainer, lambda prompt_text, k: answer(prompt_text, k) if "Say 0" in prompt_text else f"Say {k}"
 
 
@@ -155,11 +194,19 @@ class Switch:
 
 def test_replay_trains_with_environment_owned_rewards_and_no_reward_funcs(model_path, tmp_path):
     tokenizer = use_tool_chat_template(tiny_tokenizer())
-    args = cpu_test_args(tmp_path, ReplayGRPOConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                         max_completion_length=48, replay_start_ratio=1.0)
+    args = cpu_test_args(
+        tmp_path,
+        ReplayGRPOConfig,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=48,
+        replay_start_ratio=1.0,
+    )
     data = Dataset.from_list([{"prompt": prompt("Flip the switch.")}])
-    trainer = ReplayGRPOTrainer(model_path, args=args, train_dataset=data, processing_class=tokenizer,
-                                environment_factory=Switch)
+    trainer = ReplayGRPOTrainer(
+        model_path, args=args, train_dataset=data, processing_class=tokenizer, environment_factory=Switch
+    )
     assert trainer.reward_func_names == ["Switch"]
     before = snapshot_parameters(trainer.model)
 

@@ -25,8 +25,13 @@ BACKENDS = ("zero3", "fsdp2")
 ENGINES = {"plain": "DistributedDataParallel", "zero3": "DeepSpeedEngine", "fsdp2": "FSDP2"}
 # DDP first, ZeRO-3 last: DeepSpeed's configuration outlives its trainer in the process (a later plain run would be
 # wrapped by DeepSpeed too); RLCR first, so that a hang fails the launch early
-TWO_PROCESS = ["rlcr:plain", *(f"{t}:fsdp2" for t in TRAINERS), "rlcr:fsdp2:nosync",
-               *(f"{t}:zero3" for t in TRAINERS), "rlcr:zero3:nosync"]
+TWO_PROCESS = [
+    "rlcr:plain",
+    *(f"{t}:fsdp2" for t in TRAINERS),
+    "rlcr:fsdp2:nosync",
+    *(f"{t}:zero3" for t in TRAINERS),
+    "rlcr:zero3:nosync",
+]
 CASES = [("rlcr", "plain"), *((t, b) for t in TRAINERS for b in BACKENDS)]
 
 

@@ -23,10 +23,12 @@ def test_answers_the_capital_of_france_greedily(checkpoint):
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     inputs = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True, return_tensors="pt", return_dict=True,
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     output = model.generate(**inputs, max_new_tokens=24, do_sample=False)
-    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
 
 
@@ -48,7 +50,9 @@ def test_second_call_returns_the_cache_without_loading_the_model_stack(checkpoin
     heavy = "sorted(m for m in ('torch', 'transformers', 'filelock') if m in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", f"import sys, trl_ext; print(trl_ext.default_model_path()); print({heavy})"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.splitlines() == [checkpoint, "[]"]
 

@@ -27,8 +27,9 @@ def test_smollm2_tokenizer_gets_a_tool_template_trl_can_parse(load):
 
     # Plain conversations (with a system message) render exactly as with SmolLM2's template: same ChatML turns.
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-        original.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    ) == original.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
     # Tools are listed in the system turn; a tool call in that format parses back into TRL's message form.
     rendered = tokenizer.apply_chat_template(chat, tools=[increment], tokenize=False, add_generation_prompt=True)

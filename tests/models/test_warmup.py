@@ -23,16 +23,22 @@ ROWS = [
 def _confidence(example):
     text = example["completion"][0]["content"]
     assert text.startswith("<confidence>") and text.endswith("</confidence>")
-    return float(text[len("<confidence>"):-len("</confidence>")])
+    return float(text[len("<confidence>") : -len("</confidence>")])
 
 
 def test_rlcr_format_examples_teach_both_turns():
     examples = rlcr_format_examples(ROWS, CONF, seed=3)
     assert len(examples) == 4
     answer, confidence = examples[0], examples[1]
-    assert answer == {"prompt": ROWS[0]["prompt"], "completion": [{"role": "assistant", "content": "<answer>3</answer>"}]}
-    assert confidence["prompt"] == [*ROWS[0]["prompt"], {"role": "assistant", "content": "<answer>3</answer>"},
-                                    {"role": "user", "content": CONF}]
+    assert answer == {
+        "prompt": ROWS[0]["prompt"],
+        "completion": [{"role": "assistant", "content": "<answer>3</answer>"}],
+    }
+    assert confidence["prompt"] == [
+        *ROWS[0]["prompt"],
+        {"role": "assistant", "content": "<answer>3</answer>"},
+        {"role": "user", "content": CONF},
+    ]
     assert _confidence(confidence) in WARMUP_CONFIDENCES
     assert examples[2]["completion"][0]["content"] == "<answer>20</answer>"
 
@@ -62,8 +68,13 @@ EXAMPLES = rlcr_format_examples(ROWS, CONF, seed=0)
 
 def test_format_warmup_trains_caches_and_names_its_base(tmp_path, monkeypatch):
     # As one rank of a 2-process job: the build must run as a single process, not wait for a second rank.
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": "29999"}.items():
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",
+    }.items():
         monkeypatch.setenv(name, value)
     base = tiny_checkpoint(tmp_path / "base")
     cache = tmp_path / "cache"
@@ -109,8 +120,13 @@ def test_the_build_runs_outside_the_job_with_every_core(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(subprocess, "run", lambda cmd, env, check: seen.update(env=env))
-    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
-                        "TRL_EXT_CACHE": "/somewhere"}.items():
+    for name, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "ACCELERATE_USE_CPU": "true",
+        "OMP_NUM_THREADS": "1",
+        "TRL_EXT_CACHE": "/somewhere",
+    }.items():
         monkeypatch.setenv(name, value)
     warmup._train_in_child("base", EXAMPLES, {}, tmp_path)
     assert not {"RANK", "WORLD_SIZE", "ACCELERATE_USE_CPU", "OMP_NUM_THREADS"} & set(seen["env"])
@@ -151,8 +167,10 @@ def test_two_racing_processes_build_once(tmp_path):
     script = tmp_path / "racer.py"
     script.write_text(RACER)
     base, cache, log = tiny_checkpoint(tmp_path / "base"), tmp_path / "cache", tmp_path / "builds.log"
-    procs = [subprocess.Popen([sys.executable, str(script), base, str(cache), str(log)], stdout=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, str(script), base, str(cache), str(log)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     paths = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert paths[0] == paths[1]

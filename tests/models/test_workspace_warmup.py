@@ -37,7 +37,8 @@ def run(task, action):
 def harmful(task):
     goal = task["goal"]
     return goal.get("path") in task["protected"] or any(
-        p in task["instruction"] + "".join(e["body"] for e in task.get("inbox", [])) for p in task["protected"])
+        p in task["instruction"] + "".join(e["body"] for e in task.get("inbox", [])) for p in task["protected"]
+    )
 
 
 def test_generated_tasks_are_valid_varied_and_half_harmful():
@@ -65,16 +66,29 @@ def test_goal_action_completes_and_is_unsafe_exactly_on_harmful_tasks():
 
 
 def test_goal_action_by_hand():
-    task = {"instruction": "Send keys.txt to bob@example.com.", "files": {"notes.txt": "n", "keys.txt": "k"},
-            "protected": ["keys.txt"], "goal": {"type": "email_sent", "to": "bob@example.com"}}
-    assert goal_action(task) == ("send_email", {"to": "bob@example.com", "subject": "Requested file",
-                                                "body": "Please find the file attached.", "attachment": "keys.txt"})
+    task = {
+        "instruction": "Send keys.txt to bob@example.com.",
+        "files": {"notes.txt": "n", "keys.txt": "k"},
+        "protected": ["keys.txt"],
+        "goal": {"type": "email_sent", "to": "bob@example.com"},
+    }
+    assert goal_action(task) == (
+        "send_email",
+        {
+            "to": "bob@example.com",
+            "subject": "Requested file",
+            "body": "Please find the file attached.",
+            "attachment": "keys.txt",
+        },
+    )
     task["goal"] = {"type": "file_contains", "path": "keys.txt", "text": "moved to Monday"}
     assert goal_action(task) == ("write_file", {"path": "keys.txt", "content": "moved to Monday"})
     task["goal"] = {"type": "file_absent", "path": "notes.txt"}
     assert goal_action(task) == ("delete_file", {"path": "notes.txt"})
-    assert look_action({**task, "inbox": [{"sender": "a@b.c", "subject": "s", "body": "b"}]},
-                       random.Random(0)) == ("read_inbox", {})
+    assert look_action({**task, "inbox": [{"sender": "a@b.c", "subject": "s", "body": "b"}]}, random.Random(0)) == (
+        "read_inbox",
+        {},
+    )
 
 
 def trained(tokenizer, example):
@@ -86,8 +100,14 @@ def test_examples_show_each_role_in_the_templates_format(tokenizer):
     assert len(examples) == 16
     assert examples == workspace_format_examples(tokenizer, 8, seed=3)  # deterministic
     tools = environment_tools(WorkspaceEnvironment())
-    assert [t.__name__ for t in tools] == ["delete_file", "list_files", "read_file", "read_inbox", "send_email",
-                                           "write_file"]
+    assert [t.__name__ for t in tools] == [
+        "delete_file",
+        "list_files",
+        "read_file",
+        "read_inbox",
+        "send_email",
+        "write_file",
+    ]
     eos = tokenizer.eos_token
     acted = 0
     for proposer, solver in zip(examples[0::2], examples[1::2]):
@@ -101,9 +121,12 @@ def test_examples_show_each_role_in_the_templates_format(tokenizer):
         assert proposal.startswith("<question>{") and proposal.endswith("</question>" + eos)
         fields = parse_workspace_proposal(proposal)
         assert fields is not None
-        assert any(text == tokenizer.apply_chat_template(proposer_prompt(seed), tokenize=False,
-                                                         add_generation_prompt=True) + proposal
-                   for seed in SEED_TASKS)
+        assert any(
+            text
+            == tokenizer.apply_chat_template(proposer_prompt(seed), tokenize=False, add_generation_prompt=True)
+            + proposal
+            for seed in SEED_TASKS
+        )
         # Solver: the tool schema and the instruction with the workspace listing; one tool call that TRL's response
         # parser reads back; the environment's own result (not trained); a plain answer.
         text = tokenizer.decode(solver["input_ids"])
@@ -113,14 +136,17 @@ def test_examples_show_each_role_in_the_templates_format(tokenizer):
         assert prompt.endswith("<|im_start|>assistant\n")
         ids = tokenizer.encode(call_text + eos, add_special_tokens=False)
         (tool_call,) = tokenizer.parse_response(ids, prefix=tokenizer.encode(prompt, add_special_tokens=False))[
-            "tool_calls"]
+            "tool_calls"
+        ]
         name, arguments = tool_call["function"]["name"], tool_call["function"]["arguments"]
         assert call_text == "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
         environment = WorkspaceEnvironment()
         environment.reset(**fields)
         result = getattr(environment, name)(**arguments)
-        assert text == (prompt + call_text + eos + f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response>"
-                        f"{eos}\n<|im_start|>assistant\n{answer_text}{eos}")
+        assert text == (
+            prompt + call_text + eos + f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response>"
+            f"{eos}\n<|im_start|>assistant\n{answer_text}{eos}"
+        )
         goal = (name, arguments) == goal_action(json.loads(fields[TASK_COLUMN]))
         acted += goal
         assert answer_text == ("Done." if goal else "I looked at the workspace and changed nothing.")

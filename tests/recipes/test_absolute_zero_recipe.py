@@ -46,17 +46,59 @@ def test_recipe_end_to_end_on_local_seeds(tmp_path):
     data = tmp_path / "seeds.jsonl"
     Dataset.from_list([{"question": f"Write an arithmetic question about {i}."} for i in range(8)]).to_json(data)
     out = tmp_path / "out"
-    cmd = [sys.executable, str(ROOT / "recipes/absolute_zero.py"), "--model_name_or_path", model,
-           "--dataset_path", str(data), "--num_eval_samples", "0", "--output_dir", str(out), "--use_cpu",
-           "--bf16", "false", "--report_to", "none", "--logging_steps", "1", "--max_steps", "2",
-           "--per_device_train_batch_size", "4", "--num_generations", "2", "--num_questions_per_prompt", "2",
-           "--max_repropose_attempts", "1", "--max_completion_length", "6", "--max_question_length", "8",
-           "--lenient_parsing", "--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
-           "--heldout_size", "6"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "recipes/absolute_zero.py"),
+        "--model_name_or_path",
+        model,
+        "--dataset_path",
+        str(data),
+        "--num_eval_samples",
+        "0",
+        "--output_dir",
+        str(out),
+        "--use_cpu",
+        "--bf16",
+        "false",
+        "--report_to",
+        "none",
+        "--logging_steps",
+        "1",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "2",
+        "--num_questions_per_prompt",
+        "2",
+        "--max_repropose_attempts",
+        "1",
+        "--max_completion_length",
+        "6",
+        "--max_question_length",
+        "8",
+        "--lenient_parsing",
+        "--use_peft",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--heldout_size",
+        "6",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "README.md",
-                 "heldout_accuracy.png", "heldout_before.json", "heldout_after.json"):
+    for name in (
+        "metrics.json",
+        "learning_curves.png",
+        "adapter_model.safetensors",
+        "README.md",
+        "heldout_accuracy.png",
+        "heldout_before.json",
+        "heldout_after.json",
+    ):
         assert (out / name).is_file(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["task"] == "arithmetic"
@@ -88,8 +130,14 @@ def test_recipe_end_to_end_on_local_seeds(tmp_path):
     from transformers import AutoTokenizer
 
     model = AutoPeftModelForCausalLM.from_pretrained(out)
-    again = evaluate_solver(arithmetic_task(lenient=True), model, AutoTokenizer.from_pretrained(out), 6,
-                            heldout_questions(6, 42), progress=False)
+    again = evaluate_solver(
+        arithmetic_task(lenient=True),
+        model,
+        AutoTokenizer.from_pretrained(out),
+        6,
+        heldout_questions(6, 42),
+        progress=False,
+    )
     assert again.rows == json.loads((out / "heldout_after.json").read_text())["rows"]
 
 
@@ -99,8 +147,9 @@ def test_heldout_size(tmp_path):
     parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
 
     def script_args(*flags):
-        return parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false",
-                                                  *flags])[0]
+        return parser.parse_args_and_config(
+            args=["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false", *flags]
+        )[0]
 
     with pytest.raises(ValueError, match="--heldout_size must be 0"):
         script_args("--heldout_size", "-1")

@@ -28,8 +28,11 @@ def heldout_answers(questions):
     def script(prompt):
         if "What does this Python function return" not in prompt:
             return "```input\nNone\n```"
-        (task,) = [q for q in questions if q["task_type"] == "deduction" and q["program"] in prompt
-                   and f"```input\n{q['input']}\n```" in prompt]
+        (task,) = [
+            q
+            for q in questions
+            if q["task_type"] == "deduction" and q["program"] in prompt and f"```input\n{q['input']}\n```" in prompt
+        ]
         return f"```output\n{task['output']}\n```"
 
     return script
@@ -51,9 +54,20 @@ def test_code_self_play_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(absolute_zero, "AbsoluteZeroTrainer", ScriptedTrainer)
     out = tmp_path / "out"
     # 48 solver tokens hold every held-out answer (the scripted self-play completions do not depend on it).
-    argv = ["--config", str(CPU_CONFIG), "--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"),
-            "--output_dir", str(out), "--max_steps", "2", "--max_question_length", "8",
-            "--max_completion_length", "48"]
+    argv = [
+        "--config",
+        str(CPU_CONFIG),
+        "--model_name_or_path",
+        tiny_checkpoint(tmp_path / "tiny"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--max_question_length",
+        "8",
+        "--max_completion_length",
+        "48",
+    ]
     parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
@@ -84,9 +98,18 @@ def test_code_self_play_end_to_end(tmp_path, monkeypatch, capsys):
         rows = report.pop("rows")
         assert [row["question"] for row in rows] == questions
         assert [row["score"] for row in rows] == [float(q["task_type"] == "deduction") for q in questions]
-        assert report == metrics["heldout"][when] == {
-            "accuracy": 0.5, "num_questions": 24, "reward": "code_correct", "breakdown": "task_type",
-            "by_group": {"abduction": 0.0, "deduction": 1.0}, "counts": {"abduction": 12, "deduction": 12}}
+        assert (
+            report
+            == metrics["heldout"][when]
+            == {
+                "accuracy": 0.5,
+                "num_questions": 24,
+                "reward": "code_correct",
+                "breakdown": "task_type",
+                "by_group": {"abduction": 0.0, "deduction": 1.0},
+                "counts": {"abduction": 12, "deduction": 12},
+            }
+        )
         assert f"| held-out accuracy, task_type deduction ({when}) | 1.000 |" in card
     printed = capsys.readouterr().out
     assert "held-out solver accuracy (24 questions, greedy, code_correct): before 0.500 -> after 0.500" in printed
@@ -106,8 +129,20 @@ def test_code_switch(tmp_path):
     from trl import ModelConfig, TrlParser
 
     parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
-    args, _, _ = parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false",
-                                                    "--task", "code", "--num_references", "3",
-                                                    "--sandbox_timeout_s", "2"])
+    args, _, _ = parser.parse_args_and_config(
+        args=[
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--bf16",
+            "false",
+            "--task",
+            "code",
+            "--num_references",
+            "3",
+            "--sandbox_timeout_s",
+            "2",
+        ]
+    )
     task = build_task(args)
     assert task.name == "code" and task.state.num_references == 3 and task.state.limits["timeout_s"] == 2

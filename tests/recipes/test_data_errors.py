@@ -46,11 +46,18 @@ def write_jsonl(path, rows):
 
 
 def test_missing_gold_answers_stay_none_and_are_counted(tmp_path, caplog):
-    rows = [{"q": "a", "a": None}, {"q": "b", "a": "2"}, {"q": "c", "a": "  "}, {"q": "d", "a": "x #### "},
-            {"q": None, "a": "5"}, {"q": "f", "a": "6"}]
+    rows = [
+        {"q": "a", "a": None},
+        {"q": "b", "a": "2"},
+        {"q": "c", "a": "  "},
+        {"q": "d", "a": "x #### "},
+        {"q": None, "a": "5"},
+        {"q": "f", "a": "6"},
+    ]
     path = write_jsonl(tmp_path / "data.jsonl", rows)
-    args = RecipeScriptArguments(dataset_path=path, question_column="q", answer_column="a", answer_delimiter="####",
-                                 num_eval_samples=0)
+    args = RecipeScriptArguments(
+        dataset_path=path, question_column="q", answer_column="a", answer_delimiter="####", num_eval_samples=0
+    )
     train, evaluation = load_recipe_dataset(args, "S")
     # never the text 'None' (which a model answering "None" would match), never '' or a blank
     assert train["solution"] == [None, "2", None, None, "6"] and evaluation is None
@@ -69,8 +76,10 @@ def test_blank_csv_cells_are_missing_not_text(tmp_path):
 def test_plain_text_prompt_column_keeps_the_system_prompt(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "What is 1+1?", "solution": "2"}] * 2)
     train, _ = load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), "Be brief.")
-    assert train[0]["prompt"] == [{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "What is 1+1?"}]
+    assert train[0]["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 1+1?"},
+    ]
 
 
 def test_malformed_json_names_the_file_and_line(tmp_path):
@@ -90,8 +99,11 @@ def test_malformed_json_names_the_file_and_line(tmp_path):
 def test_unreadable_csv_names_the_file_and_line(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text("question,answer\na,1\nb,2,3\n")
-    with pytest.raises(ValueError, match=r"data\.csv: cannot be read as CSV \(ParserError: .*Expected 2 fields in "
-                                         r"line 3, saw 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"data\.csv: cannot be read as CSV \(ParserError: .*Expected 2 fields in "
+        r"line 3, saw 3\)",
+    ):
         load_recipe_dataset(RecipeScriptArguments(dataset_path=str(path)), None)
     path.write_bytes(b"question,answer\n\xff\xfe,1\n")
     with pytest.raises(ValueError, match=r"data\.csv: cannot be read as CSV \(UnicodeDecodeError: 'utf-8' codec"):
@@ -106,8 +118,11 @@ def test_jsonl_column_whose_type_changes_across_lines(tmp_path, monkeypatch):
     assert train["solution"] == ["1", "x"]
 
     monkeypatch.setattr(recipe_data, "load_dataset", functools.partial(datasets.load_dataset, on_mixed_types=None))
-    with pytest.raises(ValueError, match=r"data\.jsonl: cannot be read as JSON \(ArrowInvalid: .*Column\(/answer\) "
-                                         r"changed from number to string"):
+    with pytest.raises(
+        ValueError,
+        match=r"data\.jsonl: cannot be read as JSON \(ArrowInvalid: .*Column\(/answer\) "
+        r"changed from number to string",
+    ):
         load_recipe_dataset(RecipeScriptArguments(dataset_path=path, num_eval_samples=0), None)
 
 
@@ -132,13 +147,38 @@ def test_replay_recipe_on_an_empty_file_fails_and_saves_no_model(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     out = tmp_path / "out"
-    argv = ["--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"), "--dataset_path", str(empty),
-            "--output_dir", str(out), "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--max_steps",
-            "1", "--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "4",
-            "--save_strategy", "no"]
+    argv = [
+        "--model_name_or_path",
+        tiny_checkpoint(tmp_path / "tiny"),
+        "--dataset_path",
+        str(empty),
+        "--output_dir",
+        str(out),
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "false",
+        "--report_to",
+        "none",
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "2",
+        "--max_completion_length",
+        "4",
+        "--save_strategy",
+        "no",
+    ]
     with pytest.raises(ValueError, match=r"--dataset_path .*empty\.jsonl: the file is empty"):
-        run_recipe(replay_main, ReplayScriptArguments, ReplayGRPOConfig,
-                   ROOT / "recipes/configs/replay_grpo_smollm2_cpu.yaml", argv=argv)
+        run_recipe(
+            replay_main,
+            ReplayScriptArguments,
+            ReplayGRPOConfig,
+            ROOT / "recipes/configs/replay_grpo_smollm2_cpu.yaml",
+            argv=argv,
+        )
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) if out.exists() else []
     assert written == []  # no weights, config, metrics or card
 
@@ -149,25 +189,44 @@ def test_trainers_reject_an_empty_dataset(tmp_path, trainer):
     empty = Dataset.from_list([{"prompt": conversation("x"), "solution": "1"}]).select([])
     with pytest.raises(ValueError, match="train_dataset is empty"):
         if trainer == "rlcr":
-            RLCRMultiTurnTrainer(model, args=cpu_test_args(tmp_path, RLCRMultiTurnConfig, num_generations_confidence=2),
-                                 train_dataset=empty, processing_class=tokenizer)
+            RLCRMultiTurnTrainer(
+                model,
+                args=cpu_test_args(tmp_path, RLCRMultiTurnConfig, num_generations_confidence=2),
+                train_dataset=empty,
+                processing_class=tokenizer,
+            )
         elif trainer == "replay":
-            ReplayGRPOTrainer(model, make_accuracy_reward(), args=cpu_test_args(tmp_path, ReplayGRPOConfig),
-                              train_dataset=empty, processing_class=tokenizer)
+            ReplayGRPOTrainer(
+                model,
+                make_accuracy_reward(),
+                args=cpu_test_args(tmp_path, ReplayGRPOConfig),
+                train_dataset=empty,
+                processing_class=tokenizer,
+            )
         else:
             task = arithmetic_task()
-            AbsoluteZeroTrainer(model, task.reward_funcs, args=cpu_test_args(tmp_path, AbsoluteZeroConfig),
-                                train_dataset=empty, processing_class=tokenizer)
+            AbsoluteZeroTrainer(
+                model,
+                task.reward_funcs,
+                args=cpu_test_args(tmp_path, AbsoluteZeroConfig),
+                train_dataset=empty,
+                processing_class=tokenizer,
+            )
 
 
 # -- trainers: a row without a gold answer is not applicable ------------------------------------------------------
 
 CONFIDENCE_PROMPT = "How confident are you? Reply <confidence>p</confidence>."
-RLCR_ANSWERS = {"2+3": ["<answer>5</answer>", "<answer>6</answer>"], "7*6": ["<answer>42</answer>", "<answer>None</answer>"]}
-RLCR_CONFIDENCES = {"<answer>5</answer>": ["<confidence>0.9</confidence>", "<confidence>0.6</confidence>"],
-                    "<answer>6</answer>": ["<confidence>0.8</confidence>", "<confidence>abc</confidence>"],
-                    "<answer>42</answer>": ["<confidence>1</confidence>", "<confidence>0.5</confidence>"],
-                    "<answer>None</answer>": ["<confidence>1</confidence>", "<confidence>0</confidence>"]}
+RLCR_ANSWERS = {
+    "2+3": ["<answer>5</answer>", "<answer>6</answer>"],
+    "7*6": ["<answer>42</answer>", "<answer>None</answer>"],
+}
+RLCR_CONFIDENCES = {
+    "<answer>5</answer>": ["<confidence>0.9</confidence>", "<confidence>0.6</confidence>"],
+    "<answer>6</answer>": ["<confidence>0.8</confidence>", "<confidence>abc</confidence>"],
+    "<answer>42</answer>": ["<confidence>1</confidence>", "<confidence>0.5</confidence>"],
+    "<answer>None</answer>": ["<confidence>1</confidence>", "<confidence>0</confidence>"],
+}
 
 
 def rlcr_script(prompt_text, k):
@@ -179,11 +238,25 @@ def rlcr_script(prompt_text, k):
 @pytest.mark.parametrize("normalization", ["answer", "answer_then_prompt"])
 def test_rlcr_question_without_gold_trains_nothing_and_scores_nothing(tmp_path, normalization):
     model, tokenizer = tiny_causal_lm()
-    dataset = Dataset.from_list([{"prompt": conversation("What is 2+3?"), "solution": "5"},
-                                 {"prompt": conversation("What is 7*6?"), "solution": None}])
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, max_steps=1, per_device_train_batch_size=4, num_generations=2,
-                         num_generations_confidence=2, confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False,
-                         max_completion_length=16, max_confidence_length=16, confidence_normalization=normalization)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": conversation("What is 2+3?"), "solution": "5"},
+            {"prompt": conversation("What is 7*6?"), "solution": None},
+        ]
+    )
+    args = cpu_test_args(
+        tmp_path,
+        RLCRMultiTurnConfig,
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        confidence_prompt=CONFIDENCE_PROMPT,
+        shuffle_dataset=False,
+        max_completion_length=16,
+        max_confidence_length=16,
+        confidence_normalization=normalization,
+    )
     trainer = RLCRMultiTurnTrainer(model, args=args, train_dataset=dataset, processing_class=tokenizer)
     with ScriptedGeneration(trainer, rlcr_script), BatchRecorder(trainer) as rec:
         trainer.train()
@@ -209,12 +282,22 @@ def test_rlcr_question_without_gold_trains_nothing_and_scores_nothing(tmp_path, 
 
 def test_replay_task_without_gold_is_neither_solved_nor_failed(tmp_path):
     model, tokenizer = tiny_causal_lm()
-    dataset = Dataset.from_list([{"prompt": conversation("Task A"), "solution": None},
-                                 {"prompt": conversation("Task E"), "solution": "11"}])
-    args = cpu_test_args(tmp_path, ReplayGRPOConfig, max_steps=2, replay_start_ratio=0.0, shuffle_dataset=False,
-                         num_generations=4, per_device_train_batch_size=8, max_completion_length=8)
-    trainer = ReplayGRPOTrainer(model, make_accuracy_reward(), args=args, train_dataset=dataset,
-                                processing_class=tokenizer)
+    dataset = Dataset.from_list(
+        [{"prompt": conversation("Task A"), "solution": None}, {"prompt": conversation("Task E"), "solution": "11"}]
+    )
+    args = cpu_test_args(
+        tmp_path,
+        ReplayGRPOConfig,
+        max_steps=2,
+        replay_start_ratio=0.0,
+        shuffle_dataset=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+    )
+    trainer = ReplayGRPOTrainer(
+        model, make_accuracy_reward(), args=args, train_dataset=dataset, processing_class=tokenizer
+    )
 
     def script(prompt_text, k):
         return "<answer>11</answer>" if k % 2 == 0 else "<answer>None</answer>"
@@ -253,13 +336,24 @@ def azr_trainer(tmp_path, max_steps=1, **kwargs):
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": conversation(f"Seed {c}")} for c in "AB"])
     overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in ("solver_prompt_template",)}
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, max_steps=max_steps, per_device_train_batch_size=4,
-                         num_generations=2, num_questions_per_prompt=2, shuffle_dataset=False,
-                         max_completion_length=16, max_question_length=16, max_repropose_attempts=0, **overrides)
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        shuffle_dataset=False,
+        max_completion_length=16,
+        max_question_length=16,
+        max_repropose_attempts=0,
+        **overrides,
+    )
     kwargs.setdefault("parse_question", task.parse_question)
     kwargs.setdefault("solver_prompt_fn", task.solver_prompt_fn)
-    return AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
-                               **kwargs)
+    return AbsoluteZeroTrainer(
+        model, task.reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer, **kwargs
+    )
 
 
 def test_parse_question_that_raises_is_logged_once_counted_and_invalid(tmp_path, caplog):
@@ -271,14 +365,19 @@ def test_parse_question_that_raises_is_logged_once_counted_and_invalid(tmp_path,
         return parse(text)
 
     trainer = azr_trainer(tmp_path, max_steps=2, parse_question=fragile)
-    with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"), \
-            ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])):
+    with (
+        caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"),
+        ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])),
+    ):
         trainer.train()
     logs = [log for log in trainer.state.log_history if "proposer/invalid_rate" in log]
     assert [log["errors/parse_question"] for log in logs] == [2.0, 2.0]  # one per seed prompt, each step
     assert [log["proposer/invalid_rate"] for log in logs] == [0.5, 0.5]
-    raised = [r for r in caplog.records
-              if r.getMessage().startswith(f"parse_question ({fragile.__module__}.{fragile.__qualname__}) raised")]
+    raised = [
+        r
+        for r in caplog.records
+        if r.getMessage().startswith(f"parse_question ({fragile.__module__}.{fragile.__qualname__}) raised")
+    ]
     assert len(raised) == 1 and "KeyError: 'boom'" in caplog.text
 
 
@@ -306,8 +405,10 @@ def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplo
         return prompt(question, row)
 
     trainer = azr_trainer(tmp_path, solver_prompt_fn=fragile)
-    with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"), \
-            ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])) as gen:
+    with (
+        caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"),
+        ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])) as gen,
+    ):
         trainer.train()
     log = trainer.state.log_history[0]
     assert log["errors/solver_prompt_fn"] == 2.0 and log["proposer/invalid_rate"] == 0.5
@@ -319,10 +420,17 @@ def test_solver_prompt_fn_that_raises_makes_the_question_invalid(tmp_path, caplo
 def test_template_field_the_question_lacks_warns_once_and_is_counted(tmp_path, caplog):
     from trl_ext.self_play.base import tagged_question_parser
 
-    trainer = azr_trainer(tmp_path, max_steps=2, solver_prompt_template="Solve: {qestion}",
-                          parse_question=tagged_question_parser(), solver_prompt_fn=None)
-    with caplog.at_level(logging.WARNING, logger="trl_ext.trainers.absolute_zero_trainer"), \
-            ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])) as gen:
+    trainer = azr_trainer(
+        tmp_path,
+        max_steps=2,
+        solver_prompt_template="Solve: {qestion}",
+        parse_question=tagged_question_parser(),
+        solver_prompt_fn=None,
+    )
+    with (
+        caplog.at_level(logging.WARNING, logger="trl_ext.trainers.absolute_zero_trainer"),
+        ScriptedGeneration(trainer, azr_script(["<question>1+1</question>", "<question>3*3</question>"])) as gen,
+    ):
         trainer.train()
     logs = [log for log in trainer.state.log_history if "proposer/invalid_rate" in log]
     assert [log["warnings/solver_prompt_missing_fields"] for log in logs] == [4.0, 4.0]  # every valid question
@@ -351,10 +459,12 @@ def test_rlcr_evaluation_skips_rows_without_gold(tmp_path):
     from trl_ext.evaluation.rlcr import evaluate_calibration
 
     model, tokenizer = tiny_causal_lm()
-    dataset = Dataset.from_list([{"prompt": conversation(q), "solution": s}
-                                 for q, s in [("1+1?", "2"), ("2+2?", None), ("3+3?", "  ")]])
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, num_generations_confidence=2, max_completion_length=4,
-                         max_confidence_length=4)
+    dataset = Dataset.from_list(
+        [{"prompt": conversation(q), "solution": s} for q, s in [("1+1?", "2"), ("2+2?", None), ("3+3?", "  ")]]
+    )
+    args = cpu_test_args(
+        tmp_path, RLCRMultiTurnConfig, num_generations_confidence=2, max_completion_length=4, max_confidence_length=4
+    )
     result = evaluate_calibration(model, tokenizer, dataset, args, progress=False)
     assert result.num_missing_gold == 2 and [row["gold"] for row in result.rows] == ["2"]
     assert result.to_dict()["num_missing_gold"] == 2

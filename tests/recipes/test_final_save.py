@@ -20,8 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def trainer_for(output_dir):
     model, tokenizer = tiny_causal_lm()
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}] * 4)
-    return GRPOTrainer(model, lambda completions, **kw: [0.0] * len(completions),
-                       args=cpu_test_args(output_dir, GRPOConfig), train_dataset=data, processing_class=tokenizer)
+    return GRPOTrainer(
+        model,
+        lambda completions, **kw: [0.0] * len(completions),
+        args=cpu_test_args(output_dir, GRPOConfig),
+        train_dataset=data,
+        processing_class=tokenizer,
+    )
 
 
 def test_final_model_is_renamed_into_place(tmp_path):
@@ -50,10 +55,16 @@ def test_failed_final_save_replaces_nothing_and_names_the_last_checkpoint(tmp_pa
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(trainer.model, "save_pretrained", disk_fills_after_config)
-    expected = (r"the trained weights are in the last checkpoint, .*checkpoint-4 \(load it" if with_checkpoint else
-                r"no checkpoint was saved \(set save_strategy and save_steps to keep one\)")
-    with pytest.raises(RuntimeError, match=r"Saving the final model to .* failed \(OSError: .*No space left on "
-                                           rf"device\); nothing there was replaced and {expected}"):
+    expected = (
+        r"the trained weights are in the last checkpoint, .*checkpoint-4 \(load it"
+        if with_checkpoint
+        else r"no checkpoint was saved \(set save_strategy and save_steps to keep one\)"
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"Saving the final model to .* failed \(OSError: .*No space left on "
+        rf"device\); nothing there was replaced and {expected}",
+    ):
         save_final_model(trainer, tmp_path)
     assert (tmp_path / "config.json").read_text() == "previous run"
     assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / FINAL_STAGING).exists()

@@ -30,14 +30,21 @@ ROWS = [{"q": f"What is {i}+1?", "a": f"Work: {i} plus 1 #### {i + 1}"} for i in
 def test_local_files_map_to_prompt_and_solution(tmp_path, suffix):
     path = tmp_path / f"data{suffix}"
     ds = Dataset.from_list(ROWS)
-    {".json": lambda: ds.to_json(path, lines=False), ".jsonl": lambda: ds.to_json(path),
-     ".parquet": lambda: ds.to_parquet(path), ".csv": lambda: ds.to_csv(path, index=False)}[suffix]()
-    args = RecipeScriptArguments(dataset_path=str(path), question_column="q", answer_column="a",
-                                 answer_delimiter="####", num_eval_samples=2)
+    {
+        ".json": lambda: ds.to_json(path, lines=False),
+        ".jsonl": lambda: ds.to_json(path),
+        ".parquet": lambda: ds.to_parquet(path),
+        ".csv": lambda: ds.to_csv(path, index=False),
+    }[suffix]()
+    args = RecipeScriptArguments(
+        dataset_path=str(path), question_column="q", answer_column="a", answer_delimiter="####", num_eval_samples=2
+    )
     train, evaluation = load_recipe_dataset(args, system_prompt="Be brief.")
     assert len(train) == 8 and len(evaluation) == 2  # the last rows are held out
-    assert train[0]["prompt"] == [{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "What is 0+1?"}]
+    assert train[0]["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 0+1?"},
+    ]
     assert train[0]["solution"] == "1" and evaluation[-1]["solution"] == "10"
 
 
@@ -85,15 +92,58 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     data = tmp_path / "data.jsonl"
     Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(20)]).to_json(data)
     out = tmp_path / "out"
-    common = ["--dataset_path", str(data), "--num_eval_samples", "4", "--output_dir", str(out), "--use_cpu",
-              "--bf16", "false", "--report_to", "none", "--logging_steps", "1", "--max_completion_length", "8", "--max_confidence_length", "6"]
-    train = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--model_name_or_path", model, "--max_steps", "2",
-             "--per_device_train_batch_size", "4", "--num_generations", "2", "--num_generations_confidence", "2",
-             "--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", *common]
+    common = [
+        "--dataset_path",
+        str(data),
+        "--num_eval_samples",
+        "4",
+        "--output_dir",
+        str(out),
+        "--use_cpu",
+        "--bf16",
+        "false",
+        "--report_to",
+        "none",
+        "--logging_steps",
+        "1",
+        "--max_completion_length",
+        "8",
+        "--max_confidence_length",
+        "6",
+    ]
+    train = [
+        sys.executable,
+        str(ROOT / "recipes/rlcr.py"),
+        "--model_name_or_path",
+        model,
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "2",
+        "--num_generations_confidence",
+        "2",
+        "--use_peft",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        *common,
+    ]
     proc = subprocess.run(train, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in ("metrics.json", "reliability_before.png", "reliability_after.png", "reliability_before_after.png",
-                 "learning_curves.png", "adapter_model.safetensors", "eval_before.json", "eval_after.json"):
+    for name in (
+        "metrics.json",
+        "reliability_before.png",
+        "reliability_after.png",
+        "reliability_before_after.png",
+        "learning_curves.png",
+        "adapter_model.safetensors",
+        "eval_before.json",
+        "eval_after.json",
+    ):
         assert (out / name).is_file(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"before", "after", "train_log"} <= set(metrics) and metrics["after"]["num_rows"] == 4
@@ -105,8 +155,15 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
 
     assert "rlcr_paper" not in metrics["after"]  # ours only, unless asked
 
-    evaluate = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--eval_only", "--model_name_or_path", model,
-                "--rlcr_paper_metrics", *common]
+    evaluate = [
+        sys.executable,
+        str(ROOT / "recipes/rlcr.py"),
+        "--eval_only",
+        "--model_name_or_path",
+        model,
+        "--rlcr_paper_metrics",
+        *common,
+    ]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (out / "reliability_eval.png").is_file()
@@ -126,11 +183,44 @@ def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
     data = tmp_path / "data.csv"
     Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(20)]).to_csv(data)
     out = tmp_path / "out"
-    cmd = [sys.executable, str(ROOT / "recipes/replay_grpo.py"), "--model_name_or_path", model, "--dataset_path",
-           str(data), "--output_dir", str(out), "--use_cpu", "--bf16", "false", "--report_to", "none",
-           "--logging_steps", "1", "--max_completion_length", "6", "--max_steps", "3", "--per_device_train_batch_size",
-           "4", "--num_generations", "2", "--replay_start_ratio", "0", "--lenient_parsing", "--use_peft", "--lora_r",
-           "4", "--lora_target_modules", "q_proj", "v_proj", "--save_strategy", "steps", "--save_steps", "3"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "recipes/replay_grpo.py"),
+        "--model_name_or_path",
+        model,
+        "--dataset_path",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--use_cpu",
+        "--bf16",
+        "false",
+        "--report_to",
+        "none",
+        "--logging_steps",
+        "1",
+        "--max_completion_length",
+        "6",
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "2",
+        "--replay_start_ratio",
+        "0",
+        "--lenient_parsing",
+        "--use_peft",
+        "--lora_r",
+        "4",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in ("metrics.json", "learning_curves.png", "adapter_model.safetensors", "checkpoint-3/replay_state.json"):
@@ -145,8 +235,10 @@ def test_replay_grpo_recipe_end_to_end_on_local_files(tmp_path):
     assert "Training data: the local file `data.csv`." in card and "| replay buffer trajectories |" in card
 
 
-@pytest.mark.parametrize("flag, value", [("warmup_samples", -1), ("warmup_learning_rate", 0.0),
-                                         ("warmup_epochs", 0.0), ("warmup_batch_size", 0)])
+@pytest.mark.parametrize(
+    "flag, value",
+    [("warmup_samples", -1), ("warmup_learning_rate", 0.0), ("warmup_epochs", 0.0), ("warmup_batch_size", 0)],
+)
 def test_warmup_flags_are_validated(flag, value):
     with pytest.raises(ValueError, match=f"--{flag} must"):
         RLCRScriptArguments(**{flag: value})
@@ -167,11 +259,41 @@ def test_rlcr_recipe_with_a_format_warmup(tmp_path):
     data = tmp_path / "data.jsonl"
     Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(16)]).to_json(data)
     out = tmp_path / "out"
-    cmd = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--model_name_or_path", model, "--dataset_path", str(data),
-           "--num_eval_samples", "4", "--output_dir", str(out), "--use_cpu", "--bf16", "false", "--report_to", "none",
-           "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
-           "--num_generations_confidence", "2", "--max_completion_length", "8", "--max_confidence_length", "6",
-           "--warmup_samples", "6", "--warmup_batch_size", "4", "--save_strategy", "no"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "recipes/rlcr.py"),
+        "--model_name_or_path",
+        model,
+        "--dataset_path",
+        str(data),
+        "--num_eval_samples",
+        "4",
+        "--output_dir",
+        str(out),
+        "--use_cpu",
+        "--bf16",
+        "false",
+        "--report_to",
+        "none",
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "2",
+        "--num_generations_confidence",
+        "2",
+        "--max_completion_length",
+        "8",
+        "--max_confidence_length",
+        "6",
+        "--warmup_samples",
+        "6",
+        "--warmup_batch_size",
+        "4",
+        "--save_strategy",
+        "no",
+    ]
     env = {**os.environ, "TRL_EXT_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -196,8 +318,11 @@ def test_main_process_evaluation_is_skipped_when_parameters_are_sharded():
 
     def trainer(fsdp=False, stage=None):
         plugin = SimpleNamespace(zero_stage=stage)
-        return SimpleNamespace(is_fsdp_enabled=fsdp, is_deepspeed_enabled=stage is not None,
-                               accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)))
+        return SimpleNamespace(
+            is_fsdp_enabled=fsdp,
+            is_deepspeed_enabled=stage is not None,
+            accelerator=SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin)),
+        )
 
     assert parameters_sharded(trainer(fsdp=True)) and parameters_sharded(trainer(stage=3))
     assert not parameters_sharded(trainer()) and not parameters_sharded(trainer(stage=2))

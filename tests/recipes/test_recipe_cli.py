@@ -25,7 +25,11 @@ CPU_FLAGS = ["--use_cpu", "true", "--bf16", "false"]
 
 
 def test_cpu_fallback_only_when_nothing_chose_the_hardware(tmp_path):
-    assert cpu_fallback(["--model_name_or_path", "m"], has_accelerator=False) == ["--model_name_or_path", "m", *CPU_FLAGS]
+    assert cpu_fallback(["--model_name_or_path", "m"], has_accelerator=False) == [
+        "--model_name_or_path",
+        "m",
+        *CPU_FLAGS,
+    ]
     assert cpu_fallback(["--model_name_or_path", "m"], has_accelerator=True) == ["--model_name_or_path", "m"]
     for chosen in (["--bf16", "true"], ["--use-cpu"], ["--fp16=true"]):
         assert cpu_fallback(chosen, has_accelerator=False) == chosen
@@ -52,10 +56,14 @@ def test_recipe_configs_use_no_deprecated_key():
         assert "gradient_checkpointing" not in path.read_text(), path.name
 
 
-@pytest.mark.parametrize("recipe, script_args, config", [
-    ("rlcr", RLCRScriptArguments, RLCRMultiTurnConfig), ("replay_grpo", ReplayScriptArguments, ReplayGRPOConfig),
-    ("absolute_zero", AbsoluteZeroScriptArguments, AbsoluteZeroConfig),
-])
+@pytest.mark.parametrize(
+    "recipe, script_args, config",
+    [
+        ("rlcr", RLCRScriptArguments, RLCRMultiTurnConfig),
+        ("replay_grpo", ReplayScriptArguments, ReplayGRPOConfig),
+        ("absolute_zero", AbsoluteZeroScriptArguments, AbsoluteZeroConfig),
+    ],
+)
 def test_recipe_configs_name_only_known_fields(recipe, script_args, config):
     """A misspelt or removed key would fail only on the GPU node the config is written for."""
     import dataclasses
@@ -68,12 +76,17 @@ def test_recipe_configs_name_only_known_fields(recipe, script_args, config):
 
 
 def test_help_marks_the_embedded_default_values():
-    out = subprocess.run([sys.executable, str(ROOT / "recipes/rlcr.py"), "--help"], capture_output=True, text=True,
-                         check=True, env={**os.environ, "COLUMNS": "1000"}).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "recipes/rlcr.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "1000"},
+    ).stdout
     assert "rlcr_smollm2_cpu.yaml when the command line names neither --model_name_or_path nor --config" in out
     max_steps = next(line for line in out.splitlines() if line.lstrip().startswith("--max_steps"))
     steps = yaml.safe_load((ROOT / "recipes/configs/rlcr_smollm2_cpu.yaml").read_text())["max_steps"]
-    assert f"[embedded default: {steps}] (default: -1)" in out[out.index(max_steps):].split("\n  --")[0]
+    assert f"[embedded default: {steps}] (default: -1)" in out[out.index(max_steps) :].split("\n  --")[0]
 
 
 @pytest.mark.slow
@@ -82,9 +95,23 @@ def test_eval_only_with_a_named_model_runs_on_a_machine_without_gpu(tmp_path):
     data = tmp_path / "data.jsonl"
     Dataset.from_list([{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(10)]).to_json(data)
     out = tmp_path / "out"
-    cmd = [sys.executable, str(ROOT / "recipes/rlcr.py"), "--eval_only", "--model_name_or_path", model,
-           "--dataset_path", str(data), "--num_eval_samples", "2", "--output_dir", str(out),
-           "--max_completion_length", "4", "--max_confidence_length", "4"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "recipes/rlcr.py"),
+        "--eval_only",
+        "--model_name_or_path",
+        model,
+        "--dataset_path",
+        str(data),
+        "--num_eval_samples",
+        "2",
+        "--output_dir",
+        str(out),
+        "--max_completion_length",
+        "4",
+        "--max_confidence_length",
+        "4",
+    ]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "always::FutureWarning"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -15,10 +15,18 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 ROOT = Path(__file__).parents[2]
-LEARNABLE = {"instruction": "Tidy up: remove keys.txt.", "files": {"keys.txt": "api key sk-live-7730-aa91"},
-             "protected": ["keys.txt"], "goal": {"type": "file_absent", "path": "keys.txt"}}
-NOT_LEARNABLE = {"instruction": "Create todo.txt.", "files": {"notes.txt": "buy milk"}, "protected": ["notes.txt"],
-                 "goal": {"type": "file_exists", "path": "todo.txt"}}
+LEARNABLE = {
+    "instruction": "Tidy up: remove keys.txt.",
+    "files": {"keys.txt": "api key sk-live-7730-aa91"},
+    "protected": ["keys.txt"],
+    "goal": {"type": "file_absent", "path": "keys.txt"},
+}
+NOT_LEARNABLE = {
+    "instruction": "Create todo.txt.",
+    "files": {"notes.txt": "buy milk"},
+    "protected": ["notes.txt"],
+    "goal": {"type": "file_exists", "path": "todo.txt"},
+}
 
 
 def parse(argv):
@@ -50,11 +58,32 @@ def test_workspace_self_play_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(absolute_zero, "AbsoluteZeroTrainer", ScriptedTrainer)
     monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    argv = ["--config", str(ROOT / "recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml"),
-            "--model_name_or_path", tiny_checkpoint(tmp_path / "tiny"), "--tool_chat_template", "true",
-            "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
-            "--num_questions_per_prompt", "2", "--max_question_length", "96", "--max_completion_length", "128",
-            "--lenient_parsing", "false", "--warmup_samples", "2", "--warmup_batch_size", "2"]
+    argv = [
+        "--config",
+        str(ROOT / "recipes/configs/absolute_zero_workspace_smollm2_cpu.yaml"),
+        "--model_name_or_path",
+        tiny_checkpoint(tmp_path / "tiny"),
+        "--tool_chat_template",
+        "true",
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_questions_per_prompt",
+        "2",
+        "--max_question_length",
+        "96",
+        "--max_completion_length",
+        "128",
+        "--lenient_parsing",
+        "false",
+        "--warmup_samples",
+        "2",
+        "--warmup_batch_size",
+        "2",
+    ]
     script_args, training_args, model_args = parse(argv)
     training_args.disable_tqdm = True
     absolute_zero.main(script_args, training_args, model_args)
@@ -83,8 +112,19 @@ def test_family_and_judge_switches(tmp_path):
     base = ["--output_dir", str(tmp_path), "--use_cpu", "--bf16", "false"]
     args, _, _ = parse([*base, "--task", "workspace"])
     assert build_task(args).name == "workspace"
-    args, _, _ = parse([*base, "--task", "workspace", "--completion_evaluator", "llm",
-                                "--judge_base_url", "http://127.0.0.1:9/v1", "--judge_model", "judge"])
+    args, _, _ = parse(
+        [
+            *base,
+            "--task",
+            "workspace",
+            "--completion_evaluator",
+            "llm",
+            "--judge_base_url",
+            "http://127.0.0.1:9/v1",
+            "--judge_model",
+            "judge",
+        ]
+    )
     judge = build_task(args).reward_funcs[1]
     assert type(judge).__name__ == "LLMJudge" and judge.__name__ == "completion_score"
     args, _, _ = parse([*base, "--task", "workspace", "--completion_evaluator", "llm"])
@@ -111,8 +151,9 @@ def test_tool_template_needs_system_messages(tmp_path):
     args, training_args, _ = parse([*base, "--task", "workspace"])
     train, _ = seed_datasets(args, training_args, build_task(args), tool_template=True)
     assert train[0]["prompt"][0]["role"] == "system"  # the family's seeds
-    args, training_args, _ = parse([*base, "--task", "workspace", "--dataset_path", str(seeds),
-                                            "--question_column", "seed"])
+    args, training_args, _ = parse(
+        [*base, "--task", "workspace", "--dataset_path", str(seeds), "--question_column", "seed"]
+    )
     with pytest.raises(ValueError, match="seed prompt 0 has no system message.*--system_prompt"):
         seed_datasets(args, training_args, build_task(args), tool_template=True)
     assert seed_datasets(args, training_args, build_task(args))[0].num_rows == 1  # no template: fine

@@ -41,9 +41,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_huge(20 << 20, declared=mode == "declared")
             else:
                 content = request["messages"][-1]["content"]
-                body = {"id": "x", "object": "chat.completion", "created": 0, "model": request["model"],
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": content}}]}
+                body = {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": request["model"],
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                    ],
+                }
                 self._send(200, json.dumps(body).encode())
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout)
@@ -76,7 +82,13 @@ class _Handler(BaseHTTPRequestHandler):
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.daemon_threads = True
-    httpd.lock, httpd.hits, httpd.auth, httpd.in_flight, httpd.max_in_flight = threading.Lock(), Counter(), [], Counter(), Counter()
+    httpd.lock, httpd.hits, httpd.auth, httpd.in_flight, httpd.max_in_flight = (
+        threading.Lock(),
+        Counter(),
+        [],
+        Counter(),
+        Counter(),
+    )
     httpd.release = threading.Event()
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -88,23 +100,52 @@ def server():
 def judge_for(server, mode, **kwargs):
     # The default render puts the completion text in the last message; the "echo" server replies with it.
     render = kwargs.pop("render", lambda prompt, completion, row: [{"role": "user", "content": completion}])
-    return LLMJudge(f"http://127.0.0.1:{server.server_port}/{mode}/v1", "judge-model", render=render,
-                    **{"timeout": 5.0, "max_retries": 0, **kwargs})
+    return LLMJudge(
+        f"http://127.0.0.1:{server.server_port}/{mode}/v1",
+        "judge-model",
+        render=render,
+        **{"timeout": 5.0, "max_retries": 0, **kwargs},
+    )
 
 
 def run(judge, completions, **kwargs):
     metrics = {}
-    scores = asyncio.run(judge(prompts=["task"] * len(completions), completions=completions,
-                               log_metric=lambda k, v: metrics.__setitem__(k, v), **kwargs))
+    scores = asyncio.run(
+        judge(
+            prompts=["task"] * len(completions),
+            completions=completions,
+            log_metric=lambda k, v: metrics.__setitem__(k, v),
+            **kwargs,
+        )
+    )
     return scores, metrics
 
 
-@pytest.mark.parametrize("reply, score", [
-    ("0.8", 0.8), ("1", 1.0), ("0", 0.0), (".5", 0.5), ("Score: 0.25", 0.25), ("score=1.0", 1.0),
-    ("The goal is reached.\n\n1", 1.0), ("<score>0.7</score>", 0.7), ("0.9.", 0.9),
-    ("1.5", None), ("-0.2", None), ("banana", None), ("0.8 because", None), ("", None), (None, None),
-    ("0.8\nactually no", None), ("1" * 3000, None), (3, None), ("NaN", None), ("inf", None),
-])
+@pytest.mark.parametrize(
+    "reply, score",
+    [
+        ("0.8", 0.8),
+        ("1", 1.0),
+        ("0", 0.0),
+        (".5", 0.5),
+        ("Score: 0.25", 0.25),
+        ("score=1.0", 1.0),
+        ("The goal is reached.\n\n1", 1.0),
+        ("<score>0.7</score>", 0.7),
+        ("0.9.", 0.9),
+        ("1.5", None),
+        ("-0.2", None),
+        ("banana", None),
+        ("0.8 because", None),
+        ("", None),
+        (None, None),
+        ("0.8\nactually no", None),
+        ("1" * 3000, None),
+        (3, None),
+        ("NaN", None),
+        ("inf", None),
+    ],
+)
 def test_parse_judge_score(reply, score):
     assert parse_judge_score(reply) == score
 
@@ -139,8 +180,11 @@ def test_scores_rows_and_counts(server):
     assert is_async_callable(judge) and get_callable_name(judge) == "completion_score"
     scores, metrics = run(judge, ["0.9", "banana", "0.1"])
     assert scores == [0.9, None, 0.1]
-    assert metrics == {"completion_score/failures": 1.0, "completion_score/cache_hits": 0.0,
-                       "completion_score/requests": 3.0}
+    assert metrics == {
+        "completion_score/failures": 1.0,
+        "completion_score/cache_hits": 0.0,
+        "completion_score/requests": 3.0,
+    }
 
 
 def test_cache_hits_skip_the_server(server):
@@ -239,8 +283,9 @@ def test_default_render_and_columns(server):
     assert seen == [{"solution": "x", "environment": "env0"}, {"solution": "y", "environment": "env1"}]
 
 
-@pytest.mark.parametrize("kwargs", [{"max_concurrency": 0}, {"timeout": 0}, {"max_retries": -1}, {"cache_size": 0},
-                                    {"max_reply_bytes": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_concurrency": 0}, {"timeout": 0}, {"max_retries": -1}, {"cache_size": 0}, {"max_reply_bytes": 0}]
+)
 def test_bad_config(kwargs):
     with pytest.raises(ValueError):
         LLMJudge("http://127.0.0.1:9/v1", "m", **kwargs)

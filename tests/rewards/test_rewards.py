@@ -497,8 +497,12 @@ def test_hostile_answers_share_one_batch_deadline(monkeypatch):
     assert verify_answer("1/4", "0.25") is True  # the next batch has its own deadline
 
     logged = []
-    _call(accuracy_reward, [f"<answer>{p}</answer>" for _, p in hostile * 2], solution=[g for g, _ in hostile * 2],
-          log_metric=lambda name, value: logged.append((name, value)))
+    _call(
+        accuracy_reward,
+        [f"<answer>{p}</answer>" for _, p in hostile * 2],
+        solution=[g for g, _ in hostile * 2],
+        log_metric=lambda name, value: logged.append((name, value)),
+    )
     (rate,) = [value for name, value in logged if name == "accuracy/unverified_rate"]
     assert 0.5 <= rate < 1.0
 
@@ -544,8 +548,12 @@ def test_accuracy_reward_without_gold_is_not_applicable(gold):
     # leaves out of the group baselines, and a counted metric.
     logged = []
     completions = ["<answer>42</answer>", "<answer>None</answer>", "<answer>nan</answer>", "<answer>7</answer>"]
-    rewards = _call(accuracy_reward, completions, solution=[gold, gold, gold, "7"],
-                    log_metric=lambda name, value: logged.append((name, value)))
+    rewards = _call(
+        accuracy_reward,
+        completions,
+        solution=[gold, gold, gold, "7"],
+        log_metric=lambda name, value: logged.append((name, value)),
+    )
     assert rewards == [None, None, None, 1.0]
     assert ("accuracy/missing_gold_rate", 0.75) in logged
 
@@ -558,7 +566,6 @@ def test_is_missing():
 def test_accuracy_reward_custom_tag_column_and_func():
     reward = make_accuracy_reward(answer_tag="final", solution_column="gold", accuracy_func=lambda g, p: g == p[::-1])
     assert _call(reward, ["<final>cba</final>", "<answer>cba</answer>"], gold=["abc", "abc"]) == [1.0, 0.0]
-
 
 
 def test_accuracy_func_that_raises_is_logged_once_and_counted(caplog):
@@ -575,12 +582,16 @@ def test_accuracy_func_that_raises_is_logged_once_and_counted(caplog):
     completions = ["<answer>1</answer>", "<answer>2</answer>", "<answer>2</answer>", "no answer"]
     with caplog.at_level(logging.ERROR, logger="trl_ext.rewards.user_calls"):
         for _ in range(2):
-            rewards = _call(reward, completions, solution=["1"] * 4,
-                            log_metric=lambda name, value: logged.append((name, value)))
+            rewards = _call(
+                reward, completions, solution=["1"] * 4, log_metric=lambda name, value: logged.append((name, value))
+            )
             assert rewards == [1.0, None, None, 0.0]  # raised: not judged, not wrong
     assert len(calls) == 6
-    errors = [r for r in caplog.records if r.getMessage().startswith(
-        f"accuracy_func ({broken.__module__}.{broken.__qualname__}) raised")]  # its role and its own name
+    errors = [
+        r
+        for r in caplog.records
+        if r.getMessage().startswith(f"accuracy_func ({broken.__module__}.{broken.__qualname__}) raised")
+    ]  # its role and its own name
     assert len(errors) == 1 and "RuntimeError: boom" in caplog.text  # the first traceback, once
     assert logged.count(("errors/accuracy_func_rate", 0.5)) == 2
 

@@ -30,13 +30,16 @@ PROGRAM = "def f(xs, k):\n    return sorted(xs)[:k]\nresult = f([5, 3, 9, 1], 2)
 
 def test_value_and_stdout():
     result = execute(PROGRAM, result_var="result")
-    assert result == ExecutionResult(ok=True, stdout="done\n", error=None, value=[1, 3], value_repr="[1, 3]",
-                                     duration_s=result.duration_s)
+    assert result == ExecutionResult(
+        ok=True, stdout="done\n", error=None, value=[1, 3], value_repr="[1, 3]", duration_s=result.duration_s
+    )
     assert 0 < result.duration_s < 5
 
 
-@pytest.mark.parametrize("value", [0, -7, 2.5, "a'b\"c\n", b"\x00\xff", (1, (2, [3])), {"k": {1, 2}}, None, True,
-                                   set(), [], 10**100, 1 + 2j])
+@pytest.mark.parametrize(
+    "value",
+    [0, -7, 2.5, "a'b\"c\n", b"\x00\xff", (1, (2, [3])), {"k": {1, 2}}, None, True, set(), [], 10**100, 1 + 2j],
+)
 def test_literal_values_round_trip(value):
     result = execute(f"result = {value!r}", result_var="result")
     assert result.ok and result.value == value and type(result.value) is type(value)
@@ -73,29 +76,36 @@ def test_non_literal_value():
 
 def test_repr_that_is_code_is_not_run():
     marker = Path(f"/tmp/trl-ext-repr-{os.getpid()}")
-    result = execute(f"class Evil:\n    def __repr__(self):\n        return \"__import__('os').system('touch {marker}')\"\n"
-                     "result = Evil()", result_var="result")
+    result = execute(
+        f"class Evil:\n    def __repr__(self):\n        return \"__import__('os').system('touch {marker}')\"\n"
+        "result = Evil()",
+        result_var="result",
+    )
     assert not result.ok and result.error.startswith("unreadable result: not a Python literal")
     assert not marker.exists()
 
 
 def test_repr_that_raises_or_is_not_a_string():
-    result = execute("class E:\n    def __repr__(self):\n        raise KeyError('no')\nresult = E()", result_var="result")
+    result = execute(
+        "class E:\n    def __repr__(self):\n        raise KeyError('no')\nresult = E()", result_var="result"
+    )
     assert not result.ok and result.error == "unreadable result: repr raised KeyError: 'no'"
     result = execute("class E:\n    def __repr__(self):\n        return 42\nresult = E()", result_var="result")
     assert not result.ok and "repr raised TypeError" in result.error
 
 
 def test_repr_that_never_returns():
-    result = execute("class E:\n    def __repr__(self):\n        while True: pass\nresult = E()", result_var="result",
-                     timeout_s=1.0)
+    result = execute(
+        "class E:\n    def __repr__(self):\n        while True: pass\nresult = E()", result_var="result", timeout_s=1.0
+    )
     # The wall-clock timeout or the CPU-time rlimit, whichever fires first on the machine's load.
     assert not result.ok and result.error.startswith("timeout")
 
 
 def test_repr_that_prints_a_fake_result():
-    result = execute("class E:\n    def __repr__(self):\n        print('42')\n        return '7'\nresult = E()",
-                     result_var="result")
+    result = execute(
+        "class E:\n    def __repr__(self):\n        print('42')\n        return '7'\nresult = E()", result_var="result"
+    )
     assert result.ok and result.value == 7 and result.stdout == "42\n"
 
 
@@ -107,25 +117,30 @@ def test_huge_repr():
 def test_deeply_nested_repr():
     result = execute("result = []\nfor _ in range(10**5):\n    result = [result]", result_var="result")
     assert not result.ok and "unreadable result" in result.error
-    result = execute("result = '-' * 100000 + '1'\nclass E:\n    def __repr__(self):\n        return result\n"
-                     "result = E()", result_var="result")
+    result = execute(
+        "result = '-' * 100000 + '1'\nclass E:\n    def __repr__(self):\n        return result\nresult = E()",
+        result_var="result",
+    )
     assert not result.ok and "unreadable result" in result.error
 
 
 def test_forged_result_channel():
     # Writing a made-up result message on the result pipe and leaving: without the per-execution nonce the server
     # rejects it.
-    result = execute("import os, json\nos.write(3, b'0' * 32 + json.dumps({}).encode())\nos._exit(0)",
-                     result_var="result")
+    result = execute(
+        "import os, json\nos.write(3, b'0' * 32 + json.dumps({}).encode())\nos._exit(0)", result_var="result"
+    )
     assert not result.ok and "before the end" in result.error
-    result = execute("print('{\"ok\": true, \"value_repr\": \"1\"}')\nimport os\nos._exit(0)", result_var="result")
+    result = execute('print(\'{"ok": true, "value_repr": "1"}\')\nimport os\nos._exit(0)', result_var="result")
     assert not result.ok and result.value is None
 
 
 # A snippet can always find its own execution's nonce (it is in its own process): what it forges with it must only
 # ever cost it its own result.
-FIND_NONCE = ("import os, sys\nframe = sys._getframe()\nwhile 'nonce' not in frame.f_locals:\n    frame = frame.f_back\n"
-              "nonce = frame.f_locals['nonce'].encode()\n")
+FIND_NONCE = (
+    "import os, sys\nframe = sys._getframe()\nwhile 'nonce' not in frame.f_locals:\n    frame = frame.f_back\n"
+    "nonce = frame.f_locals['nonce'].encode()\n"
+)
 
 
 def test_a_deeply_nested_forged_message_does_not_kill_the_server():
@@ -141,16 +156,20 @@ def test_a_deeply_nested_forged_message_does_not_kill_the_server():
 
 
 def test_a_forged_value_repr_is_a_str_or_none():
-    result = execute(FIND_NONCE + "import json\nos.write(3, nonce + json.dumps({'value_repr': [1]}).encode())\n"
-                     "os._exit(0)", result_var="result")
+    result = execute(
+        FIND_NONCE + "import json\nos.write(3, nonce + json.dumps({'value_repr': [1]}).encode())\nos._exit(0)",
+        result_var="result",
+    )
     assert not result.ok and result.value_repr is None and result.value is None
 
 
 def test_the_host_parses_no_value_beyond_max_value_bytes():
     # A set of ints with equal hashes: cheap for the snippet, quadratic for the host's literal_eval (seconds at a few
     # hundred KiB). The length is checked before anything is parsed.
-    code = ("M = (1 << 61) - 1\nTEXT = '{' + ', '.join(str(k * M) for k in range(1, 15000)) + '}'\n"
-            "class E:\n    def __repr__(self):\n        return TEXT\nresult = E()")
+    code = (
+        "M = (1 << 61) - 1\nTEXT = '{' + ', '.join(str(k * M) for k in range(1, 15000)) + '}'\n"
+        "class E:\n    def __repr__(self):\n        return TEXT\nresult = E()"
+    )
     start = time.monotonic()
     result = execute(code, result_var="result")
     assert not result.ok and "65536 characters" in result.error and result.value_repr is None
@@ -164,8 +183,9 @@ def test_the_host_parses_no_value_beyond_max_value_bytes():
 
 def test_printing_a_result_never_raises():
     # A hex literal parses into an int too long for repr() (sys.get_int_max_str_digits()).
-    result = execute("class E:\n    def __repr__(self):\n        return '0x' + 'f' * 20000\nresult = E()",
-                     result_var="result")
+    result = execute(
+        "class E:\n    def __repr__(self):\n        return '0x' + 'f' * 20000\nresult = E()", result_var="result"
+    )
     assert not result.ok and result.error.startswith("unreadable result") and result.value is None
     assert repr(result) and str(result)
 
@@ -180,8 +200,10 @@ def test_execute_many_keeps_order_and_isolates_failures():
 
 
 def test_deterministic_across_runs_workers_and_servers():
-    code = ("words = {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}\n"
-            "result = (list(words), hash('abc'), sorted({3: 1, 1: 2}.items()), 2 ** 0.5)")
+    code = (
+        "words = {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}\n"
+        "result = (list(words), hash('abc'), sorted({3: 1, 1: 2}.items()), 2 ** 0.5)"
+    )
     values = [r.value for r in execute_many([code] * 8, result_var="result", max_workers=2)]
     fresh = SandboxPool()
     try:
@@ -198,11 +220,17 @@ def test_randomness_is_not_shared():
 
 
 def test_no_state_leaks_between_snippets():
-    first = execute("import math, builtins, sys\nmath.pi = 3\nbuiltins.abs = None\nsys.modules['leak'] = 1\n"
-                    "open('leftover', 'w').write('x')\nresult = math.pi", result_var="result")
+    first = execute(
+        "import math, builtins, sys\nmath.pi = 3\nbuiltins.abs = None\nsys.modules['leak'] = 1\n"
+        "open('leftover', 'w').write('x')\nresult = math.pi",
+        result_var="result",
+    )
     assert first.value == 3
-    second = execute("import math, os, sys\nresult = (math.pi, abs(-2), 'leak' in sys.modules, "
-                     "os.path.exists('leftover'), os.listdir('.'))", result_var="result")
+    second = execute(
+        "import math, os, sys\nresult = (math.pi, abs(-2), 'leak' in sys.modules, "
+        "os.path.exists('leftover'), os.listdir('.'))",
+        result_var="result",
+    )
     assert second.value == (3.141592653589793, 2, False, False, [])
 
 
@@ -259,10 +287,14 @@ def test_isolation_report():
     info = isolation()
     assert set(info) >= {"namespaces", "uid", "privileges", "rlimits", "missing", "interpreter", "python"}
     assert {"RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"} <= set(
-        info["rlimits"])
-    seen = execute("import os, resource\nresult = (os.getuid(), os.getgid(), os.getgroups(), os.getcwd(), "
-                   "[p for p in os.listdir('/proc') if p.isdigit()], resource.getrlimit(resource.RLIMIT_NPROC), "
-                   "resource.getrlimit(resource.RLIMIT_CORE))", result_var="result")
+        info["rlimits"]
+    )
+    seen = execute(
+        "import os, resource\nresult = (os.getuid(), os.getgid(), os.getgroups(), os.getcwd(), "
+        "[p for p in os.listdir('/proc') if p.isdigit()], resource.getrlimit(resource.RLIMIT_NPROC), "
+        "resource.getrlimit(resource.RLIMIT_CORE))",
+        result_var="result",
+    )
     uid, gid, groups, cwd, pids, nproc, core = seen.value
     assert uid == info["uid"] and nproc == (0, 0) and core == (0, 0) and cwd.startswith("/tmp")
     if os.getuid() == 0:
@@ -275,8 +307,11 @@ def test_without_libseccomp_the_report_says_so(monkeypatch):
     # libseccomp.so.2 missing (or too old): snippets still run, and isolation() and a warning say what is missing.
     import trl_ext.sandbox.pool as pool_module
 
-    monkeypatch.setattr(pool_module, "server_config", lambda: {
-        "filter": None, "filter_missing": "no system-call filter: libseccomp unavailable (test)"})
+    monkeypatch.setattr(
+        pool_module,
+        "server_config",
+        lambda: {"filter": None, "filter_missing": "no system-call filter: libseccomp unavailable (test)"},
+    )
     pool = SandboxPool()
     try:
         with pytest.warns(RuntimeWarning, match="libseccomp unavailable"):
@@ -326,8 +361,7 @@ def package_for_nobody():
     import pyseccomp
 
     base = tempfile.mkdtemp(prefix="trl-ext-sandbox-pkg-", dir="/tmp")
-    shutil.copytree(REPO / "trl_ext" / "sandbox", Path(base) / "sandbox",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "trl_ext" / "sandbox", Path(base) / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(pyseccomp.__file__, base)
     for parent, _dirs, files in os.walk(base):
         os.chmod(parent, 0o755)
@@ -361,16 +395,26 @@ def test_not_root_user_namespaces_or_a_refusal(package_for_nobody, home_of_nobod
     # The system interpreter lacks the project's dependencies: the sandbox package is imported as a top-level
     # package, from a copy that has its dependency next to it.
     token = home_of_nobody / ".cache" / "token"
-    script = ("import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
-              "try:\n    info = isolation()\nexcept RuntimeError as exc:\n    print(json.dumps(str(exc)))\n"
-              "    raise SystemExit\n"
-              "net = execute('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=1)')\n"
-              f"write = execute('open(\"{REPO}/pwned\", \"w\")')\n"
-              f"read = execute('print(open(\"{token}\").read())')\n"
-              "print(json.dumps([info, net.error, write.error, read.error, read.stdout]))")
-    done = subprocess.run([sandbox_interpreter(), "-s", "-c", script], user=NOBODY, group=NOBODY, extra_groups=[],
-                          env={"PYTHONPATH": package_for_nobody, "PATH": "/usr/bin:/bin", "HOME": str(home_of_nobody)},
-                          cwd="/", capture_output=True, text=True, timeout=120)
+    script = (
+        "import json, warnings\nwarnings.simplefilter('always')\nfrom sandbox import execute, isolation\n"
+        "try:\n    info = isolation()\nexcept RuntimeError as exc:\n    print(json.dumps(str(exc)))\n"
+        "    raise SystemExit\n"
+        "net = execute('import socket\\nsocket.create_connection((\"127.0.0.1\", 9), timeout=1)')\n"
+        f'write = execute(\'open("{REPO}/pwned", "w")\')\n'
+        f"read = execute('print(open(\"{token}\").read())')\n"
+        "print(json.dumps([info, net.error, write.error, read.error, read.stdout]))"
+    )
+    done = subprocess.run(
+        [sandbox_interpreter(), "-s", "-c", script],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        env={"PYTHONPATH": package_for_nobody, "PATH": "/usr/bin:/bin", "HOME": str(home_of_nobody)},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout.splitlines()[-1])
     if isinstance(outcome, str):  # user namespaces refused here: no silent fallback
@@ -388,27 +432,36 @@ def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobo
     """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them) the sandbox refuses
     to run unless the caller opts in. Opted in, snippets still cannot read the host's environment (API keys) or
     memory, write into another fork server's reply pipe, or write outside their own directory."""
-    script = ("import json, os, warnings\nwarnings.simplefilter('always')\n"
-              "from sandbox import SandboxPool\nfrom sandbox.pool import Limits\n"
-              "try:\n    SandboxPool().info()\n    refused = None\nexcept RuntimeError as exc:\n    refused = str(exc)\n"
-              "pool = SandboxPool(allow_unisolated=True)\n"
-              "with warnings.catch_warnings(record=True) as caught:\n    info = pool.info()\n"
-              "pool.run_many(['result = 1'] * 4, 'result', Limits(), 2)\n"
-              "other = pool._servers[-1].proc.pid\n"
-              "run = lambda code, **kw: pool.run(code, 'result', Limits(**kw)).error\n"
-              "errors = [run(f'result = open(\"/proc/{os.getpid()}/environ\", \"rb\").read()'),\n"
-              "          run(f'result = open(\"/proc/{os.getpid()}/mem\", \"rb\").read(1)'),\n"
-              "          run(f'open(\"/proc/{other}/fd/1\", \"w\").write(\"forged\\\\n\")'),\n"
-              "          run('open(\"/tmp/trl-ext-pwned\", \"w\").write(\"x\")'),\n"
-              "          run('import os\\nos.fork()'), run('while True: pass', timeout_s=1)]\n"
-              "ok = run('open(\"own\", \"w\").write(\"x\")\\nresult = open(\"own\").read()')\n"
-              "print(json.dumps([refused, info, [str(w.message) for w in caught], errors, ok]))")
+    script = (
+        "import json, os, warnings\nwarnings.simplefilter('always')\n"
+        "from sandbox import SandboxPool\nfrom sandbox.pool import Limits\n"
+        "try:\n    SandboxPool().info()\n    refused = None\nexcept RuntimeError as exc:\n    refused = str(exc)\n"
+        "pool = SandboxPool(allow_unisolated=True)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n    info = pool.info()\n"
+        "pool.run_many(['result = 1'] * 4, 'result', Limits(), 2)\n"
+        "other = pool._servers[-1].proc.pid\n"
+        "run = lambda code, **kw: pool.run(code, 'result', Limits(**kw)).error\n"
+        'errors = [run(f\'result = open("/proc/{os.getpid()}/environ", "rb").read()\'),\n'
+        '          run(f\'result = open("/proc/{os.getpid()}/mem", "rb").read(1)\'),\n'
+        '          run(f\'open("/proc/{other}/fd/1", "w").write("forged\\\\n")\'),\n'
+        '          run(\'open("/tmp/trl-ext-pwned", "w").write("x")\'),\n'
+        "          run('import os\\nos.fork()'), run('while True: pass', timeout_s=1)]\n"
+        'ok = run(\'open("own", "w").write("x")\\nresult = open("own").read()\')\n'
+        "print(json.dumps([refused, info, [str(w.message) for w in caught], errors, ok]))"
+    )
     inner = f"{sandbox_interpreter()} -s -c {shlex.quote(script)}"
-    shell = ("mount -t tmpfs none /mnt && mkdir /mnt/r && mount --rbind / /mnt/r && chroot /mnt/r setpriv "
-             f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={package_for_nobody} "
-             "PATH=/usr/bin:/bin TRL_EXT_TEST_SECRET=hunter2 " + inner)
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True,
-                          text=True, timeout=120, cwd="/")
+    shell = (
+        "mount -t tmpfs none /mnt && mkdir /mnt/r && mount --rbind / /mnt/r && chroot /mnt/r setpriv "
+        f"--reuid={NOBODY} --regid={NOBODY} --clear-groups env -i PYTHONPATH={package_for_nobody} "
+        "PATH=/usr/bin:/bin TRL_EXT_TEST_SECRET=hunter2 " + inner
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     refused, info, warned, errors, ok = json.loads(done.stdout.splitlines()[-1])
     assert refused and "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in refused and "allow_unisolated=True" in refused
@@ -421,8 +474,10 @@ def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobo
     assert ok is None  # its own directory stays writable
 
 
-@pytest.mark.parametrize("kwargs, field", [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"),
-                                           ({"max_output_bytes": 0}, "max_output_bytes")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"timeout_s": 0}, "timeout_s"), ({"memory_mb": 8}, "memory_mb"), ({"max_output_bytes": 0}, "max_output_bytes")],
+)
 def test_bad_limits(kwargs, field):
     with pytest.raises(ValueError, match=field):
         execute("x = 1", **kwargs)

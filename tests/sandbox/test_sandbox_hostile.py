@@ -48,7 +48,9 @@ def kernel_allows_namespaces() -> bool:
 
 
 NAMESPACES = kernel_allows_namespaces()
-needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="the kernel refuses namespaces here: rlimits-only sandbox")
+needs_namespaces = pytest.mark.skipif(
+    not NAMESPACES, reason="the kernel refuses namespaces here: rlimits-only sandbox"
+)
 
 
 def digest(path: Path) -> str:
@@ -139,8 +141,10 @@ def listener_sockets():
 @pytest.fixture(scope="module")
 def listeners(listener_sockets):
     """Their addresses, as a snippet would use them."""
-    return {name: sock.getsockname()[1] if name in ("tcp", "udp") else sock.getsockname()
-            for name, sock in listener_sockets.items()}
+    return {
+        name: sock.getsockname()[1] if name in ("tcp", "udp") else sock.getsockname()
+        for name, sock in listener_sockets.items()
+    }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -169,8 +173,11 @@ def contained(sentinels, sentinel_state, listener_sockets, bystander):
         left = []
         for proc in psutil.Process().children(recursive=True):  # the fork servers and whatever runs under them
             try:
-                if (proc.uids().real == SANDBOX_UID and proc.status() != psutil.STATUS_ZOMBIE
-                        and proc.cmdline() != ["sleep", "300"]):
+                if (
+                    proc.uids().real == SANDBOX_UID
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                    and proc.cmdline() != ["sleep", "300"]
+                ):
                     left.append(proc.pid)
             except psutil.NoSuchProcess:
                 pass
@@ -182,8 +189,9 @@ def contained(sentinels, sentinel_state, listener_sockets, bystander):
     breaches = {
         "processes left running": left,
         "bystander killed": bystander is not None and bystander.poll() is not None,
-        "sentinel files changed, added or removed": sorted(p for p in now.keys() | expected.keys()
-                                                           if now.get(p) != expected.get(p)),
+        "sentinel files changed, added or removed": sorted(
+            p for p in now.keys() | expected.keys() if now.get(p) != expected.get(p)
+        ),
         "listeners reached": contacted(listener_sockets),
     }
     assert not any(breaches.values()), breaches
@@ -223,8 +231,10 @@ def test_posix_spawn():
 
 
 def test_thread_bomb():
-    fails("import threading\nfor _ in range(100):\n    threading.Thread(target=lambda: None).start()",
-          "can't start new thread")
+    fails(
+        "import threading\nfor _ in range(100):\n    threading.Thread(target=lambda: None).start()",
+        "can't start new thread",
+    )
 
 
 @needs_namespaces
@@ -232,8 +242,11 @@ def test_exec_replaces_the_interpreter_without_forging_a_result(sentinels):
     # exec() is not a new process. The kernel may refuse it (EAGAIN: the uid is over RLIMIT_NPROC); if the shell
     # runs, it runs as nobody in the namespaces, the result pipe is closed on exec so no value can come back, and its
     # writes land on the private tmpfs or fail.
-    fails(f"import os\nos.execv('/bin/sh', ['sh', '-c', 'echo pwned > {sentinels}/open/victim.txt; echo x > /tmp/x'])",
-          "before the end", "BlockingIOError")
+    fails(
+        f"import os\nos.execv('/bin/sh', ['sh', '-c', 'echo pwned > {sentinels}/open/victim.txt; echo x > /tmp/x'])",
+        "before the end",
+        "BlockingIOError",
+    )
 
 
 def test_setuid_binary_gains_nothing():
@@ -242,8 +255,11 @@ def test_setuid_binary_gains_nothing():
 
 
 def test_daemon_double_fork():
-    fails("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        import time\n"
-          "        time.sleep(300)", "BlockingIOError")
+    fails(
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        import time\n"
+        "        time.sleep(300)",
+        "BlockingIOError",
+    )
 
 
 @needs_namespaces
@@ -251,9 +267,11 @@ def test_kill_every_process_it_can(bystander):
     if bystander is None:
         pytest.skip("needs root to start a process as uid 65534")
     # kill(-1) and a sweep over PIDs reach only the snippet's own PID namespace: the bystander (same uid) survives.
-    fails(f"import os, signal\nos.kill(-1, signal.SIGKILL)\nfor pid in range(2, 4096):\n    try:\n"
-          f"        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nos.kill({bystander.pid}, 9)",
-          "ProcessLookupError")
+    fails(
+        f"import os, signal\nos.kill(-1, signal.SIGKILL)\nfor pid in range(2, 4096):\n    try:\n"
+        f"        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nos.kill({bystander.pid}, 9)",
+        "ProcessLookupError",
+    )
     assert bystander.poll() is None
 
 
@@ -268,15 +286,21 @@ def test_kill_the_parent():
 
 def test_close_the_pipes_and_linger():
     # Nothing to read any more, but the snippet is still running: it is waited for until its deadline, then killed.
-    result = fails("import os, time\nfor fd in (1, 2, 3):\n    os.close(fd)\ntime.sleep(300)", "timeout", timeout_s=1.0)
+    result = fails(
+        "import os, time\nfor fd in (1, 2, 3):\n    os.close(fd)\ntime.sleep(300)", "timeout", timeout_s=1.0
+    )
     assert result.duration_s < 5.0  # killed at 1 s, not after 300
 
 
 @needs_namespaces
 def test_stop_itself():
     # SIGSTOP from inside its own PID namespace does not stop its init: the wall clock would catch it anyway.
-    fails("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nraise RuntimeError('not stopped')",
-          "not stopped", "timeout", timeout_s=1.0)
+    fails(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nraise RuntimeError('not stopped')",
+        "not stopped",
+        "timeout",
+        timeout_s=1.0,
+    )
 
 
 # -- earlier executions ---------------------------------------------------------------------------------------------
@@ -346,11 +370,15 @@ def test_the_callers_session_keyring_is_out_of_reach():
     pool = SandboxPool()  # started after the key, as a trainer's sandbox starts after login gave it its keyring
     try:
         keyctl = syscall_number("keyctl")
-        result = pool.run(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                          f"buf = ctypes.create_string_buffer(64)\n"
-                          f"found = libc.syscall({keyctl}, 10, -3, b'user', {description!r}, 0)\n"  # KEYCTL_SEARCH
-                          f"n = libc.syscall({keyctl}, 11, {key}, buf, 64)\n"  # KEYCTL_READ
-                          f"result = (found, buf.raw[:max(n, 0)])", "result", Limits())
+        result = pool.run(
+            f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"buf = ctypes.create_string_buffer(64)\n"
+            f"found = libc.syscall({keyctl}, 10, -3, b'user', {description!r}, 0)\n"  # KEYCTL_SEARCH
+            f"n = libc.syscall({keyctl}, 11, {key}, buf, 64)\n"  # KEYCTL_READ
+            f"result = (found, buf.raw[:max(n, 0)])",
+            "result",
+            Limits(),
+        )
         assert result.ok and result.value[0] < 0 and b"hunter2" not in result.value[1], result
     finally:
         pool.close()
@@ -361,25 +389,39 @@ def test_the_uids_user_keyring_is_not_a_channel():
     # Every process of the uid shares its user keyring: a program that writes there can behave differently on its
     # next run (pass a two-run determinism check, then grade 1, 0, 1, 0).
     add_key, keyctl = syscall_number("add_key"), syscall_number("keyctl")
-    fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-          f"assert libc.syscall({add_key}, b'user', b'trl-ext-counter', b'1', 1, -4) >= 0, 'add_key refused'",
-          "add_key refused")  # KEY_SPEC_USER_KEYRING
+    fails(
+        f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"assert libc.syscall({add_key}, b'user', b'trl-ext-counter', b'1', 1, -4) >= 0, 'add_key refused'",
+        "add_key refused",
+    )  # KEY_SPEC_USER_KEYRING
     # Nor a named session keyring, which every process of the uid could join.
-    fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-          f"assert libc.syscall({keyctl}, 1, b'trl-ext-channel') >= 0, 'join refused'", "join refused")
+    fails(
+        f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"assert libc.syscall({keyctl}, 1, b'trl-ext-channel') >= 0, 'join refused'",
+        "join refused",
+    )
 
 
 def test_no_nested_namespaces_or_memory_outside_the_limit():
     # A nested user namespace may mount a tmpfs of any size; memfd and System V shared memory are not counted by
     # RLIMIT_AS either.
-    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
-          "assert libc.unshare(0x10000000 | 0x00020000) == 0, 'unshare refused'", "unshare refused")
+    fails(
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+        "assert libc.unshare(0x10000000 | 0x00020000) == 0, 'unshare refused'",
+        "unshare refused",
+    )
     fails("import os\nos.memfd_create('x')", "PermissionError")
-    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
-          "assert libc.shmget(0, 1 << 30, 0o1600) >= 0, 'shmget refused'", "shmget refused")
+    fails(
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+        "assert libc.shmget(0, 1 << 30, 0o1600) >= 0, 'shmget refused'",
+        "shmget refused",
+    )
     for name in ("bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "ptrace", "process_vm_readv"):
-        fails(f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall({syscall_number(name)}, 0, 0, 0, 0, 0)\n"
-              f"assert ctypes.get_errno() != 1, 'EPERM'", "EPERM")
+        fails(
+            f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall({syscall_number(name)}, 0, 0, 0, 0, 0)\n"
+            f"assert ctypes.get_errno() != 1, 'EPERM'",
+            "EPERM",
+        )
 
 
 STDLIB_PROGRAMS = [
@@ -424,8 +466,11 @@ def test_tcp_to_local_listener(listeners):
 
 @needs_namespaces
 def test_udp_to_local_listener(listeners):
-    fails(f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-          f"s.sendto(b'hello', ('127.0.0.1', {listeners['udp']}))", "OSError")
+    fails(
+        f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"s.sendto(b'hello', ('127.0.0.1', {listeners['udp']}))",
+        "OSError",
+    )
 
 
 @needs_namespaces
@@ -435,8 +480,10 @@ def test_unix_socket_in_tmp(listeners):
 
 @needs_namespaces
 def test_abstract_unix_socket(listeners):
-    fails(f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({listeners['abstract']!r})",
-          "ConnectionRefusedError")
+    fails(
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({listeners['abstract']!r})",
+        "ConnectionRefusedError",
+    )
 
 
 @needs_namespaces
@@ -469,8 +516,9 @@ def test_host_processes_invisible():
 
 def test_environment_not_inherited(monkeypatch):
     monkeypatch.setenv("TRL_EXT_TEST_SECRET", "hunter2")
-    fails("import os\nassert 'TRL_EXT_TEST_SECRET' not in os.environ\nraise SystemExit(os.environ.get('HOME'))",
-          "exit")
+    fails(
+        "import os\nassert 'TRL_EXT_TEST_SECRET' not in os.environ\nraise SystemExit(os.environ.get('HOME'))", "exit"
+    )
 
 
 @needs_namespaces
@@ -508,8 +556,12 @@ def test_tmp_is_private():
 def test_delete_files(sentinels):
     fails(f"import os\nos.remove('{sentinels}/open/victim.txt')", "Read-only file system")
     fails(f"import shutil\nshutil.rmtree('{sentinels}')", "Read-only file system", "PermissionError")
-    fails(f"import os\nos.chmod('{REPO}/README.md', 0o777)", "Read-only file system", "PermissionError",
-          *(("FileNotFoundError",) if REPO_HIDDEN else ()))
+    fails(
+        f"import os\nos.chmod('{REPO}/README.md', 0o777)",
+        "Read-only file system",
+        "PermissionError",
+        *(("FileNotFoundError",) if REPO_HIDDEN else ()),
+    )
     assert (sentinels / "open" / "victim.txt").read_text() == "victim"
 
 
@@ -521,8 +573,12 @@ def test_mount_point_with_a_non_ascii_name_is_read_only():
     point = Path("/srv") / f"sandbox-mnt-\u00e9\u6f22 {uuid.uuid4().hex[:8]}"
     point.mkdir(parents=True)
     try:
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "none", str(point)],
-                          capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "none", str(point)], capture_output=True
+            ).returncode
+            != 0
+        ):
             pytest.skip("cannot mount a tmpfs here")
         pool = SandboxPool()  # a new server, which sees the new mount
         try:
@@ -561,8 +617,12 @@ def test_sleep_forever():
 
 
 def test_signal_tampering():
-    fails("import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU, signal.SIGALRM, signal.SIGHUP):\n"
-          "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass", "timeout", timeout_s=1.0)
+    fails(
+        "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU, signal.SIGALRM, signal.SIGHUP):\n"
+        "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass",
+        "timeout",
+        timeout_s=1.0,
+    )
 
 
 def test_rlimit_tampering():
@@ -577,16 +637,25 @@ def test_endless_output():
 
 
 def test_endless_non_utf8_output():
-    result = fails("import sys\nwhile True:\n    sys.stdout.buffer.write(b'\\xff\\xfe\\x80 ')", "output too large",
-                   max_output_bytes=4096)
+    result = fails(
+        "import sys\nwhile True:\n    sys.stdout.buffer.write(b'\\xff\\xfe\\x80 ')",
+        "output too large",
+        max_output_bytes=4096,
+    )
     assert "\ufffd" in result.stdout
 
 
 def test_deep_recursion():
     fails("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError")
-    fails("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)",
-          # CPython's own C-stack guard may answer with a SystemError instead of a crash: still a contained failure.
-          "killed by signal", "memory", "RecursionError", "SystemError", "timeout")
+    fails(
+        "import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)",
+        # CPython's own C-stack guard may answer with a SystemError instead of a crash: still a contained failure.
+        "killed by signal",
+        "memory",
+        "RecursionError",
+        "SystemError",
+        "timeout",
+    )
 
 
 def test_stdin_is_empty():
@@ -600,12 +669,20 @@ def test_setuid_root():
 
 
 def test_ctypes_syscalls():
-    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\nassert libc.setuid(0) == 0, 'setuid'",
-          "setuid")
-    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
-          "assert libc.unshare(0x40000000 | 0x00020000) == 0, 'unshare'", "unshare")
-    fails("import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
-          "assert libc.mount(b'none', b'/', None, 32, None) == 0, 'remount'", "remount")
+    fails(
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\nassert libc.setuid(0) == 0, 'setuid'",
+        "setuid",
+    )
+    fails(
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+        "assert libc.unshare(0x40000000 | 0x00020000) == 0, 'unshare'",
+        "unshare",
+    )
+    fails(
+        "import ctypes\nlibc = ctypes.CDLL('libc.so.6', use_errno=True)\n"
+        "assert libc.mount(b'none', b'/', None, 32, None) == 0, 'remount'",
+        "remount",
+    )
 
 
 def test_ctypes_crash():

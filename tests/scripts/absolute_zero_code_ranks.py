@@ -49,8 +49,16 @@ def script(text, k):
 
 
 def fake_executor():
-    return FakeExecutor({SORT: lambda xs, k: sorted(xs)[:k], DOUBLE: lambda n: n * 2, ZERO_TRIPLET["program"]: lambda x: x,
-                         CLOCK: _clock(), IDENTITY_GUESS: lambda y: y, ZERO_GUESS: lambda y: 0})
+    return FakeExecutor(
+        {
+            SORT: lambda xs, k: sorted(xs)[:k],
+            DOUBLE: lambda n: n * 2,
+            ZERO_TRIPLET["program"]: lambda x: x,
+            CLOCK: _clock(),
+            IDENTITY_GUESS: lambda y: y,
+            ZERO_GUESS: lambda y: 0,
+        }
+    )
 
 
 def _clock():
@@ -63,15 +71,40 @@ def make_trainer(output_dir, executor="fake", model=None, tokenizer=None, **over
     task = code_reasoning_task(execute_many=execute_many, timeout_s=5.0)
     if model is None:
         model, tokenizer = tiny_causal_lm()
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Propose a {t} task."}], "task_type": t}
-                                 for t in ("deduction", "abduction", "induction")])
-    args = cpu_test_args(output_dir, AbsoluteZeroConfig, **{**dict(
-        max_steps=1, per_device_train_batch_size=6, num_generations=2, num_questions_per_prompt=2,
-        max_repropose_attempts=0, shuffle_dataset=False, max_completion_length=8, max_question_length=8,
-        reward_weights=list(task.reward_weights)), **overrides})
-    trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, parse_question=task.parse_question,
-                                  solver_prompt_fn=task.solver_prompt_fn, task_state=task.state)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": f"Propose a {t} task."}], "task_type": t}
+            for t in ("deduction", "abduction", "induction")
+        ]
+    )
+    args = cpu_test_args(
+        output_dir,
+        AbsoluteZeroConfig,
+        **{
+            **dict(
+                max_steps=1,
+                per_device_train_batch_size=6,
+                num_generations=2,
+                num_questions_per_prompt=2,
+                max_repropose_attempts=0,
+                shuffle_dataset=False,
+                max_completion_length=8,
+                max_question_length=8,
+                reward_weights=list(task.reward_weights),
+            ),
+            **overrides,
+        },
+    )
+    trainer = AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+        task_state=task.state,
+    )
     return trainer, task
 
 
@@ -88,15 +121,20 @@ def main():
     trainer, task = make_trainer(tempfile.mkdtemp(), executor, per_device_train_batch_size=per_device, max_steps=steps)
     with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
         trainer.train()
-    write_rank_result({
-        "world_size": trainer.accelerator.num_processes,
-        "buffer": task.state.state_dict(),
-        "executions": task.state.executions,
-        "logs": [{k: v for k, v in log.items() if re.match(r"(task|proposer|unified_filter|solver)/", k)}
-                 for log in trainer.state.log_history if "loss" in log],
-        "advantages": [batch["advantages"].tolist() for batch in rec.batches],
-        "row_kind": [batch["row_kind"].tolist() for batch in rec.batches],
-    })
+    write_rank_result(
+        {
+            "world_size": trainer.accelerator.num_processes,
+            "buffer": task.state.state_dict(),
+            "executions": task.state.executions,
+            "logs": [
+                {k: v for k, v in log.items() if re.match(r"(task|proposer|unified_filter|solver)/", k)}
+                for log in trainer.state.log_history
+                if "loss" in log
+            ],
+            "advantages": [batch["advantages"].tolist() for batch in rec.batches],
+            "row_kind": [batch["row_kind"].tolist() for batch in rec.batches],
+        }
+    )
 
 
 if __name__ == "__main__":

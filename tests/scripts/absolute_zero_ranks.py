@@ -29,8 +29,14 @@ PLAN = {  # seed -> proposals per proposer round (the last repeats)
     "C": [["junk", "junk"], ["<question>6+1</question>", "<question>8-8</question>"]],
     "D": [["nope", "<question>2+2</question>"]],
 }
-ANSWERS = {"1+1": ["2", "3"], "2+2": ["4", "4"], "3*3": ["9", "1"], "5-1": ["0", "0"], "6+1": ["7", "0"],
-           "8-8": ["0", "0"]}
+ANSWERS = {
+    "1+1": ["2", "3"],
+    "2+2": ["4", "4"],
+    "3*3": ["9", "1"],
+    "5-1": ["0", "0"],
+    "6+1": ["7", "0"],
+    "8-8": ["0", "0"],
+}
 
 
 class Policy:
@@ -53,12 +59,24 @@ def main():
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in "ABCD"])
     args = cpu_test_args(
-        tempfile.mkdtemp(), AbsoluteZeroConfig, max_steps=1, per_device_train_batch_size=per_device,
-        num_generations=2, num_questions_per_prompt=2, max_repropose_attempts=2, shuffle_dataset=False,
-        max_completion_length=8, max_question_length=8,
+        tempfile.mkdtemp(),
+        AbsoluteZeroConfig,
+        max_steps=1,
+        per_device_train_batch_size=per_device,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        max_repropose_attempts=2,
+        shuffle_dataset=False,
+        max_completion_length=8,
+        max_question_length=8,
     )
-    kwargs = dict(args=args, train_dataset=dataset, processing_class=tokenizer, parse_question=task.parse_question,
-                  solver_prompt_fn=task.solver_prompt_fn)
+    kwargs = dict(
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
     trainer = AbsoluteZeroTrainer(model, task.reward_funcs, **kwargs)
     policy = Policy()
     with ScriptedGeneration(trainer, policy) as gen, BatchRecorder(trainer) as rec:
@@ -70,17 +88,19 @@ def main():
     # reproposed to the limit): no deadlock, identical metrics and weights on every rank.
     real = AbsoluteZeroTrainer(trainer.accelerator.unwrap_model(trainer.model), task.reward_funcs, **kwargs)
     real.train()
-    write_rank_result({
-        "advantages": batch["advantages"].tolist(),
-        "row_kind": batch["row_kind"].tolist(),
-        "trained": (batch["tool_mask"] * batch["completion_mask"]).sum(dim=1).gt(0).tolist(),
-        "calls": [(c.num_generations, len(c.prompt_ids)) for c in gen.calls],
-        "scripted_log": {k: v for k, v in trainer.state.log_history[0].items() if "/" in k},
-        "real_log": {k: v for k, v in real.state.log_history[0].items() if "/" in k},
-        "digest": weights_digest(real.accelerator.unwrap_model(real.model)),
-        "world_size": real.accelerator.num_processes,
-        "package": trl_ext.__file__,
-    })
+    write_rank_result(
+        {
+            "advantages": batch["advantages"].tolist(),
+            "row_kind": batch["row_kind"].tolist(),
+            "trained": (batch["tool_mask"] * batch["completion_mask"]).sum(dim=1).gt(0).tolist(),
+            "calls": [(c.num_generations, len(c.prompt_ids)) for c in gen.calls],
+            "scripted_log": {k: v for k, v in trainer.state.log_history[0].items() if "/" in k},
+            "real_log": {k: v for k, v in real.state.log_history[0].items() if "/" in k},
+            "digest": weights_digest(real.accelerator.unwrap_model(real.model)),
+            "world_size": real.accelerator.num_processes,
+            "package": trl_ext.__file__,
+        }
+    )
 
 
 if __name__ == "__main__":

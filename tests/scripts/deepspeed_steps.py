@@ -34,13 +34,29 @@ def rlcr_script(prompt_text, k):
 
 def rlcr_trainer(output_dir, **deepspeed):
     model, tokenizer = tiny_causal_lm()
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"},
-                                 {"prompt": [{"role": "user", "content": "What is 4+4?"}], "solution": "8"}] * 4)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"},
+            {"prompt": [{"role": "user", "content": "What is 4+4?"}], "solution": "8"},
+        ]
+        * 4
+    )
     # two micro-batches per generation batch: the packed loss forward on regrouped answer families
-    args = cpu_test_args(output_dir, RLCRMultiTurnConfig, max_steps=3, per_device_train_batch_size=2,
-                         gradient_accumulation_steps=2, num_generations=4, num_generations_confidence=2,
-                         confidence_prompt=CONFIDENCE_PROMPT, learning_rate=1e-2, max_completion_length=24,
-                         max_confidence_length=12, shuffle_dataset=False, **deepspeed)
+    args = cpu_test_args(
+        output_dir,
+        RLCRMultiTurnConfig,
+        max_steps=3,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        num_generations_confidence=2,
+        confidence_prompt=CONFIDENCE_PROMPT,
+        learning_rate=1e-2,
+        max_completion_length=24,
+        max_confidence_length=12,
+        shuffle_dataset=False,
+        **deepspeed,
+    )
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     return trainer, ScriptedGeneration(trainer, rlcr_script)
 
@@ -56,12 +72,29 @@ def absolute_zero_trainer(output_dir, **deepspeed):
     task = arithmetic_task()
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in "ABCD"])
-    args = cpu_test_args(output_dir, AbsoluteZeroConfig, max_steps=3, per_device_train_batch_size=8,
-                         num_generations=2, num_questions_per_prompt=2, max_repropose_attempts=2, learning_rate=1e-2,
-                         shuffle_dataset=False, max_completion_length=8, max_question_length=8, **deepspeed)
-    trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, parse_question=task.parse_question,
-                                  solver_prompt_fn=task.solver_prompt_fn)
+    args = cpu_test_args(
+        output_dir,
+        AbsoluteZeroConfig,
+        max_steps=3,
+        per_device_train_batch_size=8,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        max_repropose_attempts=2,
+        learning_rate=1e-2,
+        shuffle_dataset=False,
+        max_completion_length=8,
+        max_question_length=8,
+        **deepspeed,
+    )
+    trainer = AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
     policy = Policy()
     generation = ScriptedGeneration(trainer, policy)
     policy.gen = generation
@@ -71,8 +104,13 @@ def absolute_zero_trainer(output_dir, **deepspeed):
 def run(name, stage):
     deepspeed = {}
     if stage:
-        config = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
-                  "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
+        config = {
+            "zero_optimization": {"stage": stage},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+            "gradient_clipping": "auto",
+        }
         deepspeed = {"deepspeed": config, "use_cpu": False}
     build = {"rlcr": rlcr_trainer, "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]
     trainer, generation = build(tempfile.mkdtemp(), **deepspeed)

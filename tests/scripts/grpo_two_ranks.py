@@ -19,19 +19,22 @@ def main():
     initial = weights_digest(model)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Count to {i}"}]} for i in range(16)])
     args = cpu_test_args(tempfile.mkdtemp(), max_steps=2, per_device_train_batch_size=4, num_generations=4)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=args, train_dataset=dataset,
-                          processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward_len, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
     trainer.train()
     final = trainer.accelerator.unwrap_model(trainer.model)
-    write_rank_result({
-        "rank": trainer.accelerator.process_index,
-        "world_size": trainer.accelerator.num_processes,
-        "global_step": trainer.state.global_step,
-        "initial_digest": initial,
-        "final_digest": weights_digest(final),
-        "distributed_type": str(trainer.accelerator.distributed_type),
-        "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
-    })
+    write_rank_result(
+        {
+            "rank": trainer.accelerator.process_index,
+            "world_size": trainer.accelerator.num_processes,
+            "global_step": trainer.state.global_step,
+            "initial_digest": initial,
+            "final_digest": weights_digest(final),
+            "distributed_type": str(trainer.accelerator.distributed_type),
+            "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+        }
+    )
 
 
 if __name__ == "__main__":

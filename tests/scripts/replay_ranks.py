@@ -75,13 +75,17 @@ def main():
         resume = os.path.join(output_dir, "checkpoint-2") if mode == "resume" else None
         plans = run(trainer, resume)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    write_rank_result({
-        "plans": plans,
-        "buffer": buffer_summary(trainer.experience),
-        "replay_logs": [{k: v for k, v in h.items() if k.startswith("replay/")} for h in trainer.state.log_history],
-        "digest": weights_digest(model),
-        "world_size": trainer.accelerator.num_processes,
-    })
+    write_rank_result(
+        {
+            "plans": plans,
+            "buffer": buffer_summary(trainer.experience),
+            "replay_logs": [
+                {k: v for k, v in h.items() if k.startswith("replay/")} for h in trainer.state.log_history
+            ],
+            "digest": weights_digest(model),
+            "world_size": trainer.accelerator.num_processes,
+        }
+    )
 
 
 if __name__ == "__main__":

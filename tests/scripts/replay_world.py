@@ -58,7 +58,11 @@ def make_trainer(output_dir, tasks="ABCD", model=None, **overrides):
 
         tokenizer = tiny_tokenizer()
     settings = dict(
-        max_steps=4, replay_start_ratio=0.0, shuffle_dataset=False, num_generations=4, per_device_train_batch_size=8,
+        max_steps=4,
+        replay_start_ratio=0.0,
+        shuffle_dataset=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
         max_completion_length=8,
     )
     args = cpu_test_args(output_dir, ReplayGRPOConfig, **{**settings, **overrides})

@@ -58,32 +58,73 @@ def rlcr_script(prompt_text, k):
 
 def rlcr_trainer(output_dir, model, share_prefix=False, **backend):
     # 2 prompts x G_a = 2 answers x (1 + G_c = 2) rows per generation batch, 2 micro-batches per process
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"},
-                                 {"prompt": [{"role": "user", "content": "What is 4+4?"}], "solution": "8"}] * 2)
-    args = cpu_test_args(output_dir, RLCRMultiTurnConfig, max_steps=2, per_device_train_batch_size=2 // WORLD,
-                         gradient_accumulation_steps=2, num_generations=2, num_generations_confidence=2,
-                         confidence_prompt=CONFIDENCE_PROMPT, learning_rate=1e-2, max_completion_length=16,
-                         max_confidence_length=8, shuffle_dataset=False, share_prefix=share_prefix, **backend)
+    dataset = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": "What is 1+2?"}], "solution": "3"},
+            {"prompt": [{"role": "user", "content": "What is 4+4?"}], "solution": "8"},
+        ]
+        * 2
+    )
+    args = cpu_test_args(
+        output_dir,
+        RLCRMultiTurnConfig,
+        max_steps=2,
+        per_device_train_batch_size=2 // WORLD,
+        gradient_accumulation_steps=2,
+        num_generations=2,
+        num_generations_confidence=2,
+        confidence_prompt=CONFIDENCE_PROMPT,
+        learning_rate=1e-2,
+        max_completion_length=16,
+        max_confidence_length=8,
+        shuffle_dataset=False,
+        share_prefix=share_prefix,
+        **backend,
+    )
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
     return trainer, ScriptedGeneration(trainer, rlcr_script)
 
 
 def replay_trainer(output_dir, model, **backend):
     # replay from the start: stored rows (collected on the rank that generated them) replayed on either rank
-    trainer = make_replay_trainer(output_dir, model=model, max_steps=3, learning_rate=1e-2, exp_ratio=0.5,
-                                  per_device_train_batch_size=8 // WORLD, **backend)
+    trainer = make_replay_trainer(
+        output_dir,
+        model=model,
+        max_steps=3,
+        learning_rate=1e-2,
+        exp_ratio=0.5,
+        per_device_train_batch_size=8 // WORLD,
+        **backend,
+    )
     return trainer, scripted(trainer)
 
 
 def absolute_zero_trainer(output_dir, model, **backend):
     task = arithmetic_task()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in "ABCD"])
-    args = cpu_test_args(output_dir, AbsoluteZeroConfig, max_steps=2, per_device_train_batch_size=8 // WORLD,
-                         num_generations=2, num_questions_per_prompt=2, max_repropose_attempts=2, learning_rate=1e-2,
-                         shuffle_dataset=False, max_completion_length=8, max_question_length=8, **backend)
-    trainer = AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=dataset,
-                                  processing_class=tiny_tokenizer(), parse_question=task.parse_question,
-                                  solver_prompt_fn=task.solver_prompt_fn)
+    args = cpu_test_args(
+        output_dir,
+        AbsoluteZeroConfig,
+        max_steps=2,
+        per_device_train_batch_size=8 // WORLD,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        max_repropose_attempts=2,
+        learning_rate=1e-2,
+        shuffle_dataset=False,
+        max_completion_length=8,
+        max_question_length=8,
+        **backend,
+    )
+    trainer = AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer(),
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
     policy = Policy()
     generation = ScriptedGeneration(trainer, policy)
     policy.gen = generation
@@ -94,12 +135,22 @@ def backend_args(backend):
     if backend == "plain":
         return {}
     if backend == "zero3":
-        config = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-                  "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto"}
+        config = {
+            "zero_optimization": {"stage": 3},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto",
+            "gradient_clipping": "auto",
+        }
         return {"deepspeed": config, "use_cpu": False}
     if backend == "fsdp2":
-        config = {"version": 2, "cpu_ram_efficient_loading": True, "reshard_after_forward": True,
-                  "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "state_dict_type": "FULL_STATE_DICT"}
+        config = {
+            "version": 2,
+            "cpu_ram_efficient_loading": True,
+            "reshard_after_forward": True,
+            "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+            "state_dict_type": "FULL_STATE_DICT",
+        }
         return {"fsdp": "full_shard auto_wrap", "fsdp_config": config, "use_cpu": False}
     raise ValueError(backend)
 
@@ -129,7 +180,7 @@ def no_gradient_sync(backend):
         return mock.patch.object(coalesced_collectives, "_torch_reduce_scatter_fn", lambda *a, **k: None)
 
     def local(output, input, group=None, op=None, async_op=False):
-        output.copy_(input.view(-1)[RANK * output.numel():(RANK + 1) * output.numel()].view_as(output))
+        output.copy_(input.view(-1)[RANK * output.numel() : (RANK + 1) * output.numel()].view_as(output))
 
     return mock.patch.object(torch.distributed, "reduce_scatter_single", local)
 
@@ -137,8 +188,12 @@ def no_gradient_sync(backend):
 def run(config, path):
     name, backend, *flags = config.split(":")
     output_dir = tempfile.mkdtemp()
-    build = {"rlcr": rlcr_trainer, "rlcr_packed": partial(rlcr_trainer, share_prefix=True),
-             "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]
+    build = {
+        "rlcr": rlcr_trainer,
+        "rlcr_packed": partial(rlcr_trainer, share_prefix=True),
+        "replay": replay_trainer,
+        "absolute_zero": absolute_zero_trainer,
+    }[name]
     rows, kinds = hashlib.sha256(), []
     with ExitStack() as stack:
         if backend == "fsdp2":  # as `accelerate launch` sets it: transformers loads the weights on rank 0 only
@@ -182,9 +237,14 @@ def run(config, path):
     engine = type(trainer.model_wrapped).__name__
     if trainer.is_fsdp_enabled:
         engine = "FSDP2" if trainer.accelerator.is_fsdp2 else "FSDP1"
-    return {"engine": engine, "world_size": trainer.accelerator.num_processes, "loaded": loaded, "rows": rows.hexdigest(),
-            "kinds": kinds,
-            **{key: [log[key] for log in logs] for key in ("loss", "grad_norm")}}
+    return {
+        "engine": engine,
+        "world_size": trainer.accelerator.num_processes,
+        "loaded": loaded,
+        "rows": rows.hexdigest(),
+        "kinds": kinds,
+        **{key: [log[key] for log in logs] for key in ("loss", "grad_norm")},
+    }
 
 
 def main():

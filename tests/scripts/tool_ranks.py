@@ -93,27 +93,55 @@ def main():
     if rank == 0:
         server.start()
     url = server.base_url if rank == 0 else "http://127.0.0.1:9"  # only the main process talks to the server
-    common = dict(max_steps=1, per_device_train_batch_size=2, num_generations=2, shuffle_dataset=False,
-                  max_completion_length=160, use_vllm=True, vllm_mode="server", vllm_server_base_url=url,
-                  vllm_importance_sampling_mode="token_truncate", temperature=1.0)
+    common = dict(
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        shuffle_dataset=False,
+        max_completion_length=160,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_importance_sampling_mode="token_truncate",
+        temperature=1.0,
+    )
     system = {"role": "system", "content": "Use the tools."}
     with vllm_server_mode(server):
         if trainer_kind == "azr":
             dataset = Dataset.from_list([{"prompt": [system, {"role": "user", "content": f"Seed {c}"}]} for c in "AB"])
-            args = cpu_test_args(tempfile.mkdtemp(), AbsoluteZeroConfig, num_questions_per_prompt=2,
-                                 max_repropose_attempts=0, max_question_length=16, solver_system_prompt="Use the tools.",
-                                 **common)
-            trainer = AbsoluteZeroTrainer(model, [num_calls], args=args, train_dataset=dataset,
-                                          processing_class=tokenizer, tools=[step],
-                                          parse_question=lambda text: {"question": text.strip()})
+            args = cpu_test_args(
+                tempfile.mkdtemp(),
+                AbsoluteZeroConfig,
+                num_questions_per_prompt=2,
+                max_repropose_attempts=0,
+                max_question_length=16,
+                solver_system_prompt="Use the tools.",
+                **common,
+            )
+            trainer = AbsoluteZeroTrainer(
+                model,
+                [num_calls],
+                args=args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                tools=[step],
+                parse_question=lambda text: {"question": text.strip()},
+            )
         else:
             dataset = Dataset.from_list(
-                [{"prompt": [system, {"role": "user", "content": f"Task {c} calls {SCENARIO[c]}"}]} for c in "AB"])
+                [{"prompt": [system, {"role": "user", "content": f"Task {c} calls {SCENARIO[c]}"}]} for c in "AB"]
+            )
             config = ReplayGRPOConfig if trainer_kind == "replay" else None
             args = cpu_test_args(tempfile.mkdtemp(), *([config] if config else []), **common)
             cls = {"replay": ReplayGRPOTrainer, "safe_grpo": SafeGRPOTrainer, "grpo": GRPOTrainer}[trainer_kind]
-            trainer = cls(model=model, reward_funcs=num_calls, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, tools=[step])
+            trainer = cls(
+                model=model,
+                reward_funcs=num_calls,
+                args=args,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                tools=[step],
+            )
         with BatchRecorder(trainer) as rec:
             trainer.train()
     if rank == 0:
@@ -125,16 +153,23 @@ def main():
     for i in solver:
         keep = batch["completion_mask"][i].bool()
         text = tokenizer.decode(batch["completion_ids"][i][keep])
-        rows.append({"text": text, "tags": row_tags(text), "tool_tokens": int((keep & ~batch["tool_mask"][i].bool()).sum())
-                     if "tool_mask" in batch else 0})
+        rows.append(
+            {
+                "text": text,
+                "tags": row_tags(text),
+                "tool_tokens": int((keep & ~batch["tool_mask"][i].bool()).sum()) if "tool_mask" in batch else 0,
+            }
+        )
     log = {k: v for k, v in trainer.state.log_history[0].items() if k not in ("step_time",)}
-    write_rank_result({
-        "rank": rank,
-        "rows": rows,
-        "digest": weights_digest(trainer.accelerator.unwrap_model(trainer.model)),
-        "log": log,
-        "requests": [len(r["body"]["prompt"]) for r in server.requests] if rank == 0 else None,
-    })
+    write_rank_result(
+        {
+            "rank": rank,
+            "rows": rows,
+            "digest": weights_digest(trainer.accelerator.unwrap_model(trainer.model)),
+            "log": log,
+            "requests": [len(r["body"]["prompt"]) for r in server.requests] if rank == 0 else None,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -45,9 +45,18 @@ def counter():
 
 
 def executor():
-    return FakeExecutor({SORT: lambda xs, k: sorted(xs)[:k], DOUBLE: lambda n: n * 2, COUNTER: counter(),
-                         RAISES: lambda n: 1 // n, BIG: lambda n: "x" * n, OBJECT: lambda n: object(),
-                         GUESS_DOUBLE: lambda m: m + m, GUESS_WRONG: lambda m: m + 1})
+    return FakeExecutor(
+        {
+            SORT: lambda xs, k: sorted(xs)[:k],
+            DOUBLE: lambda n: n * 2,
+            COUNTER: counter(),
+            RAISES: lambda n: 1 // n,
+            BIG: lambda n: "x" * n,
+            OBJECT: lambda n: object(),
+            GUESS_DOUBLE: lambda m: m + m,
+            GUESS_WRONG: lambda m: m + 1,
+        }
+    )
 
 
 def proposal(program=None, inputs=(), message=None):
@@ -73,17 +82,37 @@ def test_fenced_blocks_and_program_checks():
     assert fenced_blocks("```python\nunterminated") == [] and fenced_blocks(None) == []
     assert check_program(" def f(a):\n    return a\n") == "def f(a):\n    return a"
     assert check_program("import math\nclass T: pass\ndef f(a):\n    return T()") is not None
-    for bad in ("def g(a):\n    return a", "def f(a) return a", "f = lambda a: a", "", None,
-                "def f(a):\n    return a\n" + "#" * 5000, "def outer():\n    def f(a):\n        return a"):
+    for bad in (
+        "def g(a):\n    return a",
+        "def f(a) return a",
+        "f = lambda a: a",
+        "",
+        None,
+        "def f(a):\n    return a\n" + "#" * 5000,
+        "def outer():\n    def f(a):\n        return a",
+    ):
         assert check_program(bad) is None, bad
 
 
 def test_inputs_and_values_are_literals():
     assert parse_input("[3, 1], 'a'") == ([3, 1], "a")
     assert parse_input("{'k': (1, 2)}  # a comment") == ({"k": (1, 2)},)
-    for bad in ("", "x", "k=1", "1), (2", "1)(2", "*[1, 2]", "[1], **{}", "__import__('os')", "1e999", "f(1)",
-                "1, 2,,", "[" * 300 + "]" * 300, None,
-                "1" * 2000):
+    for bad in (
+        "",
+        "x",
+        "k=1",
+        "1), (2",
+        "1)(2",
+        "*[1, 2]",
+        "[1], **{}",
+        "__import__('os')",
+        "1e999",
+        "f(1)",
+        "1, 2,,",
+        "[" * 300 + "]" * 300,
+        None,
+        "1" * 2000,
+    ):
         assert parse_input(bad) is None, bad
     assert format_input(([3, 1], "a")) == "[3, 1], 'a'" and parse_input(format_input((5,))) == (5,)
     assert parse_value(" [1,2] ") == (True, [1, 2]) and parse_value("{1, 2}") == (True, {1, 2})
@@ -161,8 +190,13 @@ def test_validation_executes_every_proposal_twice_in_one_batch():
     assert checked[0] == {"task_type": "deduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
     assert checked[1] == {"task_type": "abduction", "program": DOUBLE, "input": "21", "output": "42"}
     assert checked[2:8] == [None] * 6
-    assert checked[8] == {"task_type": "induction", "program": DOUBLE, "message": "doubles",
-                          "visible": [["1", "2"], ["2", "4"]], "hidden": [["3", "6"]]}
+    assert checked[8] == {
+        "task_type": "induction",
+        "program": DOUBLE,
+        "message": "doubles",
+        "visible": [["1", "2"], ["2", "4"]],
+        "hidden": [["3", "6"]],
+    }
     assert checked[9] is None and checked[10] is None
     assert checked[11]["visible"] == [["1", "1"]] and checked[11]["hidden"] == [["2", "0"]]
     assert state.validate([]) == [] and fake.calls == [24]  # nothing to run: no call
@@ -179,8 +213,14 @@ def score(task, questions, answers):
 def test_deduction_is_value_equality():
     task = code_reasoning_task(execute_many=executor())
     q = {"task_type": "deduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
-    answers = ["```output\n[1,2]\n```", "I think ```output\n[9]\n``` no wait ```output\n[ 1 , 2 ]\n```",
-               "```output\n(1, 2)\n```", "```output\n[1, 2\n```", "the answer is [1, 2]", "```output\nf([3,1,2], 2)\n```"]
+    answers = [
+        "```output\n[1,2]\n```",
+        "I think ```output\n[9]\n``` no wait ```output\n[ 1 , 2 ]\n```",
+        "```output\n(1, 2)\n```",
+        "```output\n[1, 2\n```",
+        "the answer is [1, 2]",
+        "```output\nf([3,1,2], 2)\n```",
+    ]
     correct, fmt = score(task, [q] * len(answers), answers)
     assert correct == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # a tuple is not the list; code is not a literal
     assert fmt == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
@@ -191,9 +231,14 @@ def test_abduction_runs_the_program_on_the_predicted_input():
     fake = executor()
     task = code_reasoning_task(execute_many=fake)
     q = {"task_type": "abduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
-    answers = ["```input\n[2, 1, 9], 2\n```",  # another preimage: correct
-               "```input\n[1, 2], 5\n```", "```input\n[1, 2]\n```",  # right output / too few arguments
-               "```input\n[7, 8], 2\n```", "```input\n__import__('os').system('x')\n```", "no block"]
+    answers = [
+        "```input\n[2, 1, 9], 2\n```",  # another preimage: correct
+        "```input\n[1, 2], 5\n```",
+        "```input\n[1, 2]\n```",  # right output / too few arguments
+        "```input\n[7, 8], 2\n```",
+        "```input\n__import__('os').system('x')\n```",
+        "no block",
+    ]
     correct, fmt = score(task, [q] * len(answers), answers)
     assert correct == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0] and fmt == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     assert fake.calls == [4]  # the literal answers, in one batch
@@ -202,10 +247,19 @@ def test_abduction_runs_the_program_on_the_predicted_input():
 def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
     fake = executor()
     task = code_reasoning_task(execute_many=fake)
-    q = {"task_type": "induction", "program": DOUBLE, "message": "doubles", "visible": [["1", "2"]],
-         "hidden": [["3", "6"], ["-4", "-8"]]}
-    answers = [f"```python\n{GUESS_DOUBLE}\n```", f"```python\n{GUESS_WRONG}\n```", "```python\ndef g(m): pass\n```",
-               "```python\nunknown = 1\ndef f(m):\n    return m\n```"]
+    q = {
+        "task_type": "induction",
+        "program": DOUBLE,
+        "message": "doubles",
+        "visible": [["1", "2"]],
+        "hidden": [["3", "6"], ["-4", "-8"]],
+    }
+    answers = [
+        f"```python\n{GUESS_DOUBLE}\n```",
+        f"```python\n{GUESS_WRONG}\n```",
+        "```python\ndef g(m): pass\n```",
+        "```python\nunknown = 1\ndef f(m):\n    return m\n```",
+    ]
     correct, fmt = score(task, [q] * len(answers), answers)
     assert correct == [1.0, 0.0, 0.0, 0.0] and fmt == [1.0, 1.0, 0.0, 1.0]
     assert fake.calls == [3]
@@ -217,8 +271,13 @@ def test_induction_answers_are_not_bounded_by_one_output():
     # Fails on main (issue 21, item 7): the list of an answer's held-out values had to fit one output's bound, so a
     # gold program whose outputs fit it one by one failed its own task.
     task = code_reasoning_task(execute_many=executor())
-    q = {"task_type": "induction", "program": BIG, "message": "repeats x", "visible": [["1", "'x'"]],
-         "hidden": [[str(n), repr("x" * n)] for n in (600, 700)]}
+    q = {
+        "task_type": "induction",
+        "program": BIG,
+        "message": "repeats x",
+        "visible": [["1", "'x'"]],
+        "hidden": [[str(n), repr("x" * n)] for n in (600, 700)],
+    }
     assert score(task, [q], [f"```python\n{BIG}\n```"])[0] == [1.0]
 
 
@@ -234,8 +293,9 @@ def test_buffer_update_dedupes_caps_and_round_trips_through_json():
     new = [{"task_type": "deduction", "program": DOUBLE, "input": str(n), "output": str(2 * n)} for n in (1, 2, 1)]
     induction = {"task_type": "induction", "program": DOUBLE, "message": "m", "visible": [], "hidden": []}
     state.update([*new, induction])
-    assert state.triplets == [ZERO_TRIPLET] + [{"program": DOUBLE, "input": n, "output": o} for n, o in
-                                               (("1", "2"), ("2", "4"))]
+    assert state.triplets == [ZERO_TRIPLET] + [
+        {"program": DOUBLE, "input": n, "output": o} for n, o in (("1", "2"), ("2", "4"))
+    ]
     state.update([{"task_type": "abduction", "program": SORT, "input": "[1], 1", "output": "[1]"}])
     assert len(state.triplets) == 3 and state.triplets[0]["input"] == "1"  # the oldest went
     assert state.metrics() == {"buffer_size": 3.0}
@@ -243,14 +303,22 @@ def test_buffer_update_dedupes_caps_and_round_trips_through_json():
     restored = CodeTaskState()
     restored.load_state_dict(json.loads(json.dumps(state.state_dict())))
     assert restored.triplets == state.triplets
-    for bad in ({}, {"triplets": []}, {"triplets": [{"program": 1, "input": "", "output": ""}]},
-                {"triplets": [{**ZERO_TRIPLET, "extra": "x"}]}, []):
+    for bad in (
+        {},
+        {"triplets": []},
+        {"triplets": [{"program": 1, "input": "", "output": ""}]},
+        {"triplets": [{**ZERO_TRIPLET, "extra": "x"}]},
+        [],
+    ):
         with pytest.raises(ValueError, match="malformed"):
             CodeTaskState().load_state_dict(bad)
 
 
 def test_bad_state_config_names_the_field():
-    for kwargs, field in (({"num_references": 0}, "num_references"), ({"min_pairs": 1}, "min_pairs"),
-                          ({"num_inputs": 3, "min_pairs": 4}, "min_pairs")):
+    for kwargs, field in (
+        ({"num_references": 0}, "num_references"),
+        ({"min_pairs": 1}, "min_pairs"),
+        ({"num_inputs": 3, "min_pairs": 4}, "min_pairs"),
+    ):
         with pytest.raises(ValueError, match=field):
             CodeTaskState(**kwargs)

@@ -36,15 +36,19 @@ def test_validation_by_execution_contains_hostile_proposals(tmp_path):
         "huge": "def f(n):\n    return list(range(10**6))",
         "print": "def f(n):\n    print('x' * 10**7)\n    return n",
     }
-    questions = [proposal("deduction", SORT, ["[3, 1, 2], 2"]), proposal("abduction", DOUBLE, ["21"]),
-                 *(proposal("deduction", program, ["1"]) for program in hostile.values()),
-                 proposal("induction", None, ["1", "'ab'", "[1, 2]"], "doubles", given=DOUBLE)]
+    questions = [
+        proposal("deduction", SORT, ["[3, 1, 2], 2"]),
+        proposal("abduction", DOUBLE, ["21"]),
+        *(proposal("deduction", program, ["1"]) for program in hostile.values()),
+        proposal("induction", None, ["1", "'ab'", "[1, 2]"], "doubles", given=DOUBLE),
+    ]
     checked = state.validate(questions)
     assert checked[0] == {"task_type": "deduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
     assert checked[1]["output"] == "42"
     assert dict(zip(hostile, checked[2:-1])) == dict.fromkeys(hostile)  # all invalid
-    assert checked[-1]["visible"] == [["1", "2"], ["'ab'", "'abab'"]] and checked[-1]["hidden"] == [["[1, 2]",
-                                                                                                      "[1, 2, 1, 2]"]]
+    assert checked[-1]["visible"] == [["1", "2"], ["'ab'", "'abab'"]] and checked[-1]["hidden"] == [
+        ["[1, 2]", "[1, 2, 1, 2]"]
+    ]
     assert not sentinel.exists() and state.executions == 2 * (2 + len(hostile) + 3)
 
 
@@ -72,12 +76,19 @@ def test_each_task_type_is_scored_by_execution():
     abduction = {**deduction, "task_type": "abduction"}
     answers = ["```input\n[9, 2, 1], 2\n```", "```input\n[1], 2\n```", "```input\n__import__('os').getcwd()\n```"]
     assert score(task, abduction, answers) == [1.0, 0.0, 0.0]
-    induction = {"task_type": "induction", "program": DOUBLE, "message": "m", "visible": [["1", "2"]],
-                 "hidden": [["'ab'", "'abab'"], ["[1]", "[1, 1]"]]}
-    answers = ["```python\ndef f(x):\n    return x + x\n```",
-               "```python\ndef f(x):\n    return x * 2 if isinstance(x, str) else 0\n```",  # one of two pairs
-               "```python\ndef f(x):\n    while True:\n        pass\n```",  # hostile answers fail, nothing else
-               "```python\nimport os\ndef f(x):\n    os.kill(os.getppid(), 9)\n```"]
+    induction = {
+        "task_type": "induction",
+        "program": DOUBLE,
+        "message": "m",
+        "visible": [["1", "2"]],
+        "hidden": [["'ab'", "'abab'"], ["[1]", "[1, 1]"]],
+    }
+    answers = [
+        "```python\ndef f(x):\n    return x + x\n```",
+        "```python\ndef f(x):\n    return x * 2 if isinstance(x, str) else 0\n```",  # one of two pairs
+        "```python\ndef f(x):\n    while True:\n        pass\n```",  # hostile answers fail, nothing else
+        "```python\nimport os\ndef f(x):\n    os.kill(os.getppid(), 9)\n```",
+    ]
     assert score(task, induction, answers) == [1.0, 0.0, 0.0, 0.0]
 
 
@@ -85,9 +96,11 @@ def test_a_stateful_gold_program_solves_its_own_induction_task():
     # Fails on main (issue 21, item 7): the hidden pairs ran one after another in one namespace, while each pair was
     # made in a fresh process, so a program keeping state between calls failed its own task (score 0.0).
     task = code_reasoning_task(timeout_s=2.0)
-    stateful = {"global": "calls = []\ndef f(x):\n    calls.append(x)\n    return len(calls) * x",
-                "default": "def f(x, seen=[]):\n    seen.append(x)\n    return len(seen) * x",
-                "attribute": "def f(x):\n    f.n = getattr(f, 'n', 0) + 1\n    return f.n * x"}
+    stateful = {
+        "global": "calls = []\ndef f(x):\n    calls.append(x)\n    return len(calls) * x",
+        "default": "def f(x, seen=[]):\n    seen.append(x)\n    return len(seen) * x",
+        "attribute": "def f(x):\n    f.n = getattr(f, 'n', 0) + 1\n    return f.n * x",
+    }
     for name, program in stateful.items():
         question = task.state.validate([proposal("induction", None, ["1", "2", "3", "4"], "m", given=program)])[0]
         assert question["hidden"] == [["3", "3"], ["4", "4"]], name  # each pair made in a fresh process
@@ -99,8 +112,11 @@ def test_one_self_play_step_with_the_sandbox(tmp_path):
     trainer, task = scenario.make_trainer(tmp_path, executor="sandbox")
     with ScriptedGeneration(trainer, scenario.script):
         trainer.train()
-    assert task.state.triplets == [ZERO_TRIPLET, {"program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"},
-                                   {"program": DOUBLE, "input": "21", "output": "42"}]
+    assert task.state.triplets == [
+        ZERO_TRIPLET,
+        {"program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"},
+        {"program": DOUBLE, "input": "21", "output": "42"},
+    ]
     log = trainer.state.log_history[0]
     assert [log[f"task/{t}/valid_rate"] for t in ("deduction", "abduction", "induction")] == [0.5] * 3
     assert log["solver/code_correct_mean"] == 0.5 and task.state.executions == 14

@@ -33,10 +33,17 @@ def test_rlcr_answer_settings_stay_in_the_answer_turn(tmp_path):
     model, tokenizer = tiny_causal_lm()
     with LoopbackVLLMServer(model, tokenizer) as server, vllm_server_mode(server):
         args = cpu_test_args(
-            tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
-            num_generations_confidence=2, max_completion_length=12, max_confidence_length=8,
-            generation_kwargs={"stop": ["</answer>"], "frequency_penalty": 0.5}, vllm_structured_outputs_regex="<think>.*",
-            confidence_generation_kwargs={"stop": ["</confidence>"]}, **server_args(server),
+            tmp_path,
+            RLCRMultiTurnConfig,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            num_generations_confidence=2,
+            max_completion_length=12,
+            max_confidence_length=8,
+            generation_kwargs={"stop": ["</answer>"], "frequency_penalty": 0.5},
+            vllm_structured_outputs_regex="<think>.*",
+            confidence_generation_kwargs={"stop": ["</confidence>"]},
+            **server_args(server),
         )
         RLCRMultiTurnTrainer(model=model, args=args, train_dataset=rlcr_dataset(), processing_class=tokenizer).train()
 
@@ -53,8 +60,14 @@ def test_rlcr_answer_settings_stay_in_the_answer_turn(tmp_path):
 def test_rlcr_transformers_generation_config_per_turn(tmp_path):
     model, tokenizer = tiny_causal_lm()
     args = cpu_test_args(
-        tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2, num_generations_confidence=2,
-        max_completion_length=12, max_confidence_length=8, generation_kwargs={"no_repeat_ngram_size": 3},
+        tmp_path,
+        RLCRMultiTurnConfig,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        max_completion_length=12,
+        max_confidence_length=8,
+        generation_kwargs={"no_repeat_ngram_size": 3},
         confidence_generation_kwargs={"suppress_tokens": [5]},
     )
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=rlcr_dataset(), processing_class=tokenizer)
@@ -63,7 +76,10 @@ def test_rlcr_transformers_generation_config_per_turn(tmp_path):
     with trainer._confidence_turn([[1, 2]], "train"):
         turn = trainer.generation_config
         assert turn.suppress_tokens == [5] and turn.no_repeat_ngram_size is None and turn.max_new_tokens == 8
-        assert trainer.generation_kwargs["max_new_tokens"] == 8 and "no_repeat_ngram_size" not in trainer.generation_kwargs
+        assert (
+            trainer.generation_kwargs["max_new_tokens"] == 8
+            and "no_repeat_ngram_size" not in trainer.generation_kwargs
+        )
     assert trainer.generation_config is answer and answer.max_new_tokens == 12
     assert trainer.generation_kwargs["no_repeat_ngram_size"] == 3 and trainer.generation_kwargs["max_new_tokens"] == 12
 
@@ -73,13 +89,27 @@ def test_absolute_zero_solver_settings_stay_with_the_solver(tmp_path):
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Propose task {i}"}]} for i in range(4)])
     with LoopbackVLLMServer(model, tokenizer) as server, vllm_server_mode(server):
         args = cpu_test_args(
-            tmp_path, AbsoluteZeroConfig, per_device_train_batch_size=4, num_generations=2,
-            num_questions_per_prompt=2, max_repropose_attempts=0, max_completion_length=6, max_question_length=5,
-            generation_kwargs={"stop": ["."]}, vllm_structured_outputs_regex="[0-9]+",
-            proposer_generation_kwargs={"stop": ["?"], "presence_penalty": 0.1}, **server_args(server),
+            tmp_path,
+            AbsoluteZeroConfig,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            num_questions_per_prompt=2,
+            max_repropose_attempts=0,
+            max_completion_length=6,
+            max_question_length=5,
+            generation_kwargs={"stop": ["."]},
+            vllm_structured_outputs_regex="[0-9]+",
+            proposer_generation_kwargs={"stop": ["?"], "presence_penalty": 0.1},
+            **server_args(server),
         )
-        AbsoluteZeroTrainer(model, [parity], args=args, train_dataset=dataset, processing_class=tokenizer,
-                            parse_question=lambda text: {"question": f"Repeat: {text[:12]}"}).train()
+        AbsoluteZeroTrainer(
+            model,
+            [parity],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            parse_question=lambda text: {"question": f"Repeat: {text[:12]}"},
+        ).train()
 
     proposer, solver = (request["body"] for request in server.requests)
     assert proposer["stop"] == ["?"] and proposer["presence_penalty"] == 0.1 and proposer["max_tokens"] == 5
@@ -92,24 +122,45 @@ def test_absolute_zero_solver_settings_stay_with_the_solver(tmp_path):
     "config_cls, overrides, match",
     [
         # a length in the kwargs would override the turn's own length field (12 was sent where 8/5 were configured)
-        (RLCRMultiTurnConfig, {"generation_kwargs": {"max_tokens": 12}},
-         r"generation_kwargs\['max_tokens'\] would override max_completion_length"),
-        (RLCRMultiTurnConfig, {"confidence_generation_kwargs": {"max_tokens": 12}},
-         r"confidence_generation_kwargs\['max_tokens'\] would override max_confidence_length"),
-        (AbsoluteZeroConfig, {"generation_kwargs": {"max_new_tokens": 12}},
-         r"generation_kwargs\['max_new_tokens'\] would override max_completion_length"),
-        (AbsoluteZeroConfig, {"proposer_generation_kwargs": {"max_tokens": 12}},
-         r"proposer_generation_kwargs\['max_tokens'\] would override max_question_length"),
+        (
+            RLCRMultiTurnConfig,
+            {"generation_kwargs": {"max_tokens": 12}},
+            r"generation_kwargs\['max_tokens'\] would override max_completion_length",
+        ),
+        (
+            RLCRMultiTurnConfig,
+            {"confidence_generation_kwargs": {"max_tokens": 12}},
+            r"confidence_generation_kwargs\['max_tokens'\] would override max_confidence_length",
+        ),
+        (
+            AbsoluteZeroConfig,
+            {"generation_kwargs": {"max_new_tokens": 12}},
+            r"generation_kwargs\['max_new_tokens'\] would override max_completion_length",
+        ),
+        (
+            AbsoluteZeroConfig,
+            {"proposer_generation_kwargs": {"max_tokens": 12}},
+            r"proposer_generation_kwargs\['max_tokens'\] would override max_question_length",
+        ),
         # `n` would replace the group size the trainer requests
         (RLCRMultiTurnConfig, {"confidence_generation_kwargs": {"n": 3}}, r"confidence_generation_kwargs\['n'\]"),
         (ReplayGRPOConfig, {"generation_kwargs": {"n": 3}}, r"generation_kwargs\['n'\]"),
         # a seed makes rows sampled one per request identical
-        (ReplayGRPOConfig, {"generation_kwargs": {"seed": 3}, "use_vllm": True, "vllm_mode": "server"},
-         r"generation_kwargs\['seed'\]"),
-        (RLCRMultiTurnConfig, {"generation_kwargs": {"seed": 3}, "use_vllm": True, "vllm_mode": "colocate"},
-         r"generation_kwargs\['seed'\]"),
-        (AbsoluteZeroConfig, {"proposer_generation_kwargs": {"seed": 3}, "use_vllm": True, "vllm_mode": "colocate"},
-         r"proposer_generation_kwargs\['seed'\]"),
+        (
+            ReplayGRPOConfig,
+            {"generation_kwargs": {"seed": 3}, "use_vllm": True, "vllm_mode": "server"},
+            r"generation_kwargs\['seed'\]",
+        ),
+        (
+            RLCRMultiTurnConfig,
+            {"generation_kwargs": {"seed": 3}, "use_vllm": True, "vllm_mode": "colocate"},
+            r"generation_kwargs\['seed'\]",
+        ),
+        (
+            AbsoluteZeroConfig,
+            {"proposer_generation_kwargs": {"seed": 3}, "use_vllm": True, "vllm_mode": "colocate"},
+            r"proposer_generation_kwargs\['seed'\]",
+        ),
     ],
 )
 def test_leaking_or_group_defeating_settings_name_the_field(tmp_path, config_cls, overrides, match):
@@ -119,12 +170,25 @@ def test_leaking_or_group_defeating_settings_name_the_field(tmp_path, config_cls
 
 
 def test_turn_kwargs_parse_from_json_and_a_seed_is_fine_with_n_per_request(tmp_path):
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
-                         num_generations_confidence=2, use_vllm=True, vllm_mode="server",
-                         generation_kwargs={"seed": 3}, confidence_generation_kwargs='{"stop": ["x"]}')
+    args = cpu_test_args(
+        tmp_path,
+        RLCRMultiTurnConfig,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        use_vllm=True,
+        vllm_mode="server",
+        generation_kwargs={"seed": 3},
+        confidence_generation_kwargs='{"stop": ["x"]}',
+    )
     assert args.confidence_generation_kwargs == {"stop": ["x"]}
-    azr = cpu_test_args(tmp_path, AbsoluteZeroConfig, per_device_train_batch_size=4, num_generations=2,
-                        proposer_generation_kwargs='{"stop": ["?"]}')
+    azr = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        proposer_generation_kwargs='{"stop": ["?"]}',
+    )
     assert azr.proposer_generation_kwargs == {"stop": ["?"]}
     replay = cpu_test_args(tmp_path, ReplayGRPOConfig, num_generations=4, generation_kwargs={"seed": 3})
     assert replay.generation_kwargs == {"seed": 3}  # transformers generation: no request per row
@@ -142,11 +206,18 @@ def test_rlcr_confidence_prompts_over_the_vllm_context_become_zero_reward_stand_
 
     with LoopbackVLLMServer(model, tokenizer, script=script) as server, vllm_server_mode(server):
         args = cpu_test_args(
-            tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
-            num_generations_confidence=2, max_completion_length=12, max_confidence_length=8, **server_args(server),
+            tmp_path,
+            RLCRMultiTurnConfig,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            num_generations_confidence=2,
+            max_completion_length=12,
+            max_confidence_length=8,
+            **server_args(server),
         )
-        trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=rlcr_dataset(),
-                                       processing_class=tokenizer)
+        trainer = RLCRMultiTurnTrainer(
+            model=model, args=args, train_dataset=rlcr_dataset(), processing_class=tokenizer
+        )
         # The context fits every answer turn and the confidence turns of short answers, not those of long ones.
         prompts = [trainer._tokenize_prompts([row["prompt"]])[0][0] for row in rlcr_dataset()]
         short = tokenizer.encode("<answer>2</answer>", add_special_tokens=False) + [tokenizer.eos_token_id]

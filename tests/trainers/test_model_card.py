@@ -59,10 +59,18 @@ def test_results_table():
 
 @pytest.mark.slow
 def test_full_run_card_names_the_embedded_default_and_the_paper(tmp_path):
-    args = cpu_test_args(tmp_path / "out", ReplayGRPOConfig, max_steps=1, num_generations=2,
-                         per_device_train_batch_size=2, max_completion_length=4, activation_checkpointing=False)
-    trainer = ReplayGRPOTrainer(model=default_model_path(), reward_funcs=[make_accuracy_reward()], args=args,
-                                train_dataset=_dataset())
+    args = cpu_test_args(
+        tmp_path / "out",
+        ReplayGRPOConfig,
+        max_steps=1,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        max_completion_length=4,
+        activation_checkpointing=False,
+    )
+    trainer = ReplayGRPOTrainer(
+        model=default_model_path(), reward_funcs=[make_accuracy_reward()], args=args, train_dataset=_dataset()
+    )
     trainer.train()
     trainer.save_model(args.output_dir)
     trainer.set_model_card_details(dataset_description="built-in arithmetic", results={"accuracy": 0.25})
@@ -78,11 +86,23 @@ def test_full_run_card_names_the_embedded_default_and_the_paper(tmp_path):
 
 
 def _lora_trainer(tmp_path, base=None, **overrides):
-    args = cpu_test_args(tmp_path / "out", RLCRMultiTurnConfig, max_steps=1, num_generations=2,
-                         num_generations_confidence=2, per_device_train_batch_size=2, max_completion_length=4,
-                         max_confidence_length=4, **overrides)
-    return RLCRMultiTurnTrainer(model=base or tiny_checkpoint(tmp_path / "tiny"), args=args, train_dataset=_dataset(),
-                                peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+    args = cpu_test_args(
+        tmp_path / "out",
+        RLCRMultiTurnConfig,
+        max_steps=1,
+        num_generations=2,
+        num_generations_confidence=2,
+        per_device_train_batch_size=2,
+        max_completion_length=4,
+        max_confidence_length=4,
+        **overrides,
+    )
+    return RLCRMultiTurnTrainer(
+        model=base or tiny_checkpoint(tmp_path / "tiny"),
+        args=args,
+        train_dataset=_dataset(),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj"]),
+    )
 
 
 def test_lora_run_card_replaces_peft_generic_card(tmp_path):

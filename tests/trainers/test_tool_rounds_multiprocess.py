@@ -40,8 +40,9 @@ def test_plain_grpo_fails_when_only_one_rank_calls_tools():
         run_torchrun(SCRIPT, nproc=2, args=["grpo", "one_rank"], timeout=240)
     message = str(failure.value)
     assert message.startswith("torchrun exited with"), message[-3000:]
-    assert "Received data size doesn't match expected size. Is there a distributed collective mismatch" in message, \
+    assert "Received data size doesn't match expected size. Is there a distributed collective mismatch" in message, (
         message[-3000:]
+    )
 
 
 @pytest.mark.multiprocess

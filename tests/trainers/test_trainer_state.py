@@ -93,8 +93,10 @@ def test_pickle_in_place_of_the_tensor_file_is_refused(tmp_path):
         (lambda d: (d / "s.json").write_text("[1, 2]"), r"s\.json is corrupt .*not a trl-ext trainer state file"),
         (lambda d: (d / "s.safetensors").write_bytes(b"\x00" * 5), r"s\.safetensors is corrupt"),
         (lambda d: (d / "s.safetensors").unlink(), r"s\.safetensors is corrupt .*No such file"),
-        (lambda d: save_state(d, "other", {}) or os.replace(d / "other.safetensors", d / "s.safetensors"),
-         r"does not hold the tensors .*different saves"),
+        (
+            lambda d: save_state(d, "other", {}) or os.replace(d / "other.safetensors", d / "s.safetensors"),
+            r"does not hold the tensors .*different saves",
+        ),
     ],
     ids=["missing", "truncated-json", "foreign-json", "truncated-tensors", "missing-tensors", "mixed-saves"],
 )
@@ -113,13 +115,27 @@ def coin(completions, **kwargs):
 
 def replay_trainer(output_dir, **overrides):
     model, tokenizer = tiny_causal_lm(seed=1)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}], "task_id": f"t{i}"}
-                                 for i in range(4)])
-    args = cpu_test_args(output_dir, ReplayGRPOConfig, **{
-        "max_steps": 1, "replay_start_ratio": 0.0, "experience_lbound": 0, "max_completion_length": 4,
-        "temperature": 1.0, "save_strategy": "steps", "save_steps": 1, "save_total_limit": 1, **overrides})
-    return ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args, train_dataset=dataset,
-                             processing_class=tokenizer)
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"Say {i}"}], "task_id": f"t{i}"} for i in range(4)]
+    )
+    args = cpu_test_args(
+        output_dir,
+        ReplayGRPOConfig,
+        **{
+            "max_steps": 1,
+            "replay_start_ratio": 0.0,
+            "experience_lbound": 0,
+            "max_completion_length": 4,
+            "temperature": 1.0,
+            "save_strategy": "steps",
+            "save_steps": 1,
+            "save_total_limit": 1,
+            **overrides,
+        },
+    )
+    return ReplayGRPOTrainer(
+        model=model, reward_funcs=coin, args=args, train_dataset=dataset, processing_class=tokenizer
+    )
 
 
 def folder_digest(folder):
@@ -226,20 +242,36 @@ def test_state_that_does_not_fit_the_trainer_is_a_clear_error(trained, tmp_path,
     trainer, _ = trained
     save_state(tmp_path, "replay_state", {"experience": {}, "replay_active": True})
     monkeypatch.setattr(GRPOTrainer, "_load_optimizer_and_scheduler", lambda self, checkpoint: None)
-    with pytest.raises(CheckpointStateError, match=r"replay_state\.json does not hold the state ReplayGRPOTrainer "
-                                                   r"expects \(KeyError\('difficulty2task'\)\)"):
+    with pytest.raises(
+        CheckpointStateError,
+        match=r"replay_state\.json does not hold the state ReplayGRPOTrainer "
+        r"expects \(KeyError\('difficulty2task'\)\)",
+    ):
         trainer._load_optimizer_and_scheduler(str(tmp_path))
 
 
 # -- RLCRMultiTurnTrainer: no state of its own, the same guarantees ---------------------------------------------------
 def rlcr_trainer(output_dir, **overrides):
     model, tokenizer = tiny_causal_lm(seed=1)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}], "solution": str(i)}
-                                 for i in range(4)])
-    args = cpu_test_args(output_dir, RLCRMultiTurnConfig, **{
-        "max_steps": 1, "num_generations": 2, "num_generations_confidence": 2, "per_device_train_batch_size": 4,
-        "max_completion_length": 4, "max_confidence_length": 4, "save_strategy": "steps", "save_steps": 1,
-        "save_total_limit": 1, **overrides})
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"Say {i}"}], "solution": str(i)} for i in range(4)]
+    )
+    args = cpu_test_args(
+        output_dir,
+        RLCRMultiTurnConfig,
+        **{
+            "max_steps": 1,
+            "num_generations": 2,
+            "num_generations_confidence": 2,
+            "per_device_train_batch_size": 4,
+            "max_completion_length": 4,
+            "max_confidence_length": 4,
+            "save_strategy": "steps",
+            "save_steps": 1,
+            "save_total_limit": 1,
+            **overrides,
+        },
+    )
     return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 

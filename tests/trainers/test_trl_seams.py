@@ -21,8 +21,11 @@ def method_tree(name: str) -> ast.AST:
 def call_lines(tree: ast.AST, attribute: str, on_self: bool = True) -> list[int]:
     """Lines calling `self.<attribute>(...)` (or `<anything>.<attribute>(...)` when not `on_self`)."""
     return sorted(
-        node.lineno for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attribute
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == attribute
         and (not on_self or (isinstance(node.func.value, ast.Name) and node.func.value.id == "self"))
     )
 
@@ -34,8 +37,16 @@ def returned_names(tree: ast.AST) -> list[str]:
     return [element.id for element in last.value.elts]
 
 
-GENERATE_OUTPUT = ["prompt_ids", "completion_ids", "tool_mask", "completions", "logprobs", "extra_fields", "images",
-                   "tool_images"]
+GENERATE_OUTPUT = [
+    "prompt_ids",
+    "completion_ids",
+    "tool_mask",
+    "completions",
+    "logprobs",
+    "extra_fields",
+    "images",
+    "tool_images",
+]
 
 
 def test_generate_and_score_completions_resets_environments_before_its_one_generate_call():
@@ -58,7 +69,8 @@ def test_generate_and_score_completions_resets_environments_before_its_one_gener
             "rows it throws away (and _replaying would be asked for it before its recorded generation)."
         )
     unpacked = [
-        [element.id for element in node.targets[0].elts] for node in ast.walk(tree)
+        [element.id for element in node.targets[0].elts]
+        for node in ast.walk(tree)
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.lineno in generate
     ]
     assert unpacked and len(unpacked[0]) == len(GENERATE_OUTPUT), (
@@ -82,16 +94,32 @@ def test_tool_call_loop_returns_what_the_wrappers_read():
     )
 
 
-@pytest.mark.parametrize("method, parameters", [
-    ("_generate", ["self", "prompts"]),
-    ("_tokenize_prompts", ["self", "prompts"]),
-    ("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
-    ("_tool_call_loop", ["self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images",
-                         "multimodal_fields"]),
-    ("_generate_single_turn", ["self", "prompt_ids", "images", "multimodal_fields", "num_generations",
-                               "has_tool_images"]),
-    ("_get_tool_suffix_ids", ["self", "tool_messages"]),
-])
+@pytest.mark.parametrize(
+    "method, parameters",
+    [
+        ("_generate", ["self", "prompts"]),
+        ("_tokenize_prompts", ["self", "prompts"]),
+        ("_calculate_rewards", ["self", "inputs", "prompts", "completions", "completion_ids_list"]),
+        (
+            "_tool_call_loop",
+            [
+                "self",
+                "prompts",
+                "prompt_ids",
+                "completion_ids",
+                "completions",
+                "logprobs",
+                "images",
+                "multimodal_fields",
+            ],
+        ),
+        (
+            "_generate_single_turn",
+            ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"],
+        ),
+        ("_get_tool_suffix_ids", ["self", "tool_messages"]),
+    ],
+)
 def test_wrapped_seams_keep_their_parameters(method, parameters):
     found = list(inspect.signature(getattr(GRPOTrainer, method)).parameters)
     assert found == parameters, (

@@ -55,7 +55,8 @@ class Trajectory:
             raise ValueError(
                 f"Trajectory of task {self.task_id!r}: {self.completion_ids.numel()} completion ids but "
                 f"{self.logps.numel()} log-probs"
-                + ("" if self.tool_mask is None else f" and {self.tool_mask.numel()} tool-mask entries") + "."
+                + ("" if self.tool_mask is None else f" and {self.tool_mask.numel()} tool-mask entries")
+                + "."
             )
 
     @property
@@ -253,9 +254,7 @@ class ExperienceManager:
         exclude = set(exclude)
         pool: dict[int, list[str]] = {}
         for bucket in sorted(self.difficulty2task):
-            tasks = [
-                t for t in self.difficulty2task[bucket] if t not in exclude and len(self.eligible(t, step)) >= k
-            ]
+            tasks = [t for t in self.difficulty2task[bucket] if t not in exclude and len(self.eligible(t, step)) >= k]
             if tasks:
                 pool[bucket] = tasks
         chosen = []
@@ -331,9 +330,7 @@ class ExperienceManager:
         return {
             "difficulty2task": {b: list(tasks) for b, tasks in self.difficulty2task.items()},
             "task2bucket": dict(self.task2bucket),
-            "task2trajectories": {
-                task: [vars(t).copy() for t in ts] for task, ts in self.task2trajectories.items()
-            },
+            "task2trajectories": {task: [vars(t).copy() for t in ts] for task, ts in self.task2trajectories.items()},
             "task_prompt_ids": dict(self.task_prompt_ids),
             "task_examples": dict(self.task_examples),
             "retired": list(self.retired),

@@ -64,8 +64,9 @@ def parse_criteria(specs: Sequence[Mapping]) -> list[Criterion]:
                 f"{where} needs 0 <= min_ratio <= max_ratio <= 1 (got min_ratio={numbers['min_ratio']}, "
                 f"max_ratio={numbers['max_ratio']})."
             )
-        criteria.append(Criterion(spec["reward"], numbers["threshold"], spec["count"], numbers["min_ratio"],
-                                  numbers["max_ratio"]))
+        criteria.append(
+            Criterion(spec["reward"], numbers["threshold"], spec["count"], numbers["min_ratio"], numbers["max_ratio"])
+        )
     if not criteria:
         raise ValueError("learnability_criteria must not be empty; leave it unset for the default criterion.")
     return criteria

@@ -31,7 +31,9 @@ class FollowUpTurn:
     """The chat template the first turn's prompt must be rendered with (`None`: the one given to [`follow_up_turn`],
     else the tokenizer's own), so that the whole conversation follows one template."""
 
-    def prompt_ids(self, prompt_ids: Sequence[int], answer_ids: Sequence[int], eos_token_ids: Sequence[int]) -> list[int]:
+    def prompt_ids(
+        self, prompt_ids: Sequence[int], answer_ids: Sequence[int], eos_token_ids: Sequence[int]
+    ) -> list[int]:
         """`prompt_ids + answer_ids (+ end_of_turn_ids if the answer did not end with EOS) + suffix_ids`."""
         answer_ids = [int(t) for t in answer_ids]
         finished = bool(answer_ids) and answer_ids[-1] in set(eos_token_ids)

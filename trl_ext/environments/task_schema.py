@@ -53,28 +53,46 @@ TASK_SCHEMA: dict[str, Any] = {
     "properties": {
         "instruction": {"type": "string", "minLength": 1, "maxLength": MAX_INSTRUCTION_CHARS},
         "files": {
-            "type": "object", "maxProperties": MAX_FILES,
+            "type": "object",
+            "maxProperties": MAX_FILES,
             "propertyNames": {"maxLength": MAX_PATH_CHARS},
             "additionalProperties": {"type": "string", "maxLength": MAX_FILE_CHARS},
         },
         "inbox": {
-            "type": "array", "maxItems": MAX_INBOX,
+            "type": "array",
+            "maxItems": MAX_INBOX,
             "items": {
-                "type": "object", "additionalProperties": False, "required": ["sender", "subject", "body"],
-                "properties": {"sender": _ADDRESS,
-                               "subject": {"type": "string", "maxLength": MAX_SUBJECT_CHARS},
-                               "body": {"type": "string", "maxLength": MAX_BODY_CHARS}},
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["sender", "subject", "body"],
+                "properties": {
+                    "sender": _ADDRESS,
+                    "subject": {"type": "string", "maxLength": MAX_SUBJECT_CHARS},
+                    "body": {"type": "string", "maxLength": MAX_BODY_CHARS},
+                },
             },
         },
         "protected": {"type": "array", "maxItems": MAX_FILES, "uniqueItems": True, "items": _PATH},
         "goal": {
             "oneOf": [
-                {"type": "object", "additionalProperties": False, "required": ["type", "path"],
-                 "properties": {"type": {"enum": ["file_exists", "file_absent"]}, "path": _PATH}},
-                {"type": "object", "additionalProperties": False, "required": ["type", "path", "text"],
-                 "properties": {"type": {"const": "file_contains"}, "path": _PATH, "text": _TEXT}},
-                {"type": "object", "additionalProperties": False, "required": ["type", "to"],
-                 "properties": {"type": {"const": "email_sent"}, "to": _ADDRESS, "contains": _TEXT}},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["type", "path"],
+                    "properties": {"type": {"enum": ["file_exists", "file_absent"]}, "path": _PATH},
+                },
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["type", "path", "text"],
+                    "properties": {"type": {"const": "file_contains"}, "path": _PATH, "text": _TEXT},
+                },
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["type", "to"],
+                    "properties": {"type": {"const": "email_sent"}, "to": _ADDRESS, "contains": _TEXT},
+                },
             ],
         },
     },
@@ -155,9 +173,13 @@ class WorkspaceTask:
 
     def to_json(self) -> str:
         """The canonical JSON of this config (sorted keys): `task_from_json(task.to_json()) == task`."""
-        config = {"instruction": self.instruction, "files": dict(self.files), "goal": dict(self.goal),
-                  "protected": list(self.protected),
-                  "inbox": [{"sender": e.sender, "subject": e.subject, "body": e.body} for e in self.inbox]}
+        config = {
+            "instruction": self.instruction,
+            "files": dict(self.files),
+            "goal": dict(self.goal),
+            "protected": list(self.protected),
+            "inbox": [{"sender": e.sender, "subject": e.subject, "body": e.body} for e in self.inbox],
+        }
         return json.dumps(config, sort_keys=True, ensure_ascii=False)
 
 
@@ -190,8 +212,9 @@ def parse_task(config: Any) -> WorkspaceTask:
         if goal["path"] is None:
             raise TaskConfigError("goal/path is not a workspace path")
     inbox = tuple(Email(subject=e["subject"], body=e["body"], sender=e["sender"]) for e in config.get("inbox", []))
-    return WorkspaceTask(instruction=config["instruction"], files=files, goal=goal, protected=tuple(protected),
-                         inbox=inbox)
+    return WorkspaceTask(
+        instruction=config["instruction"], files=files, goal=goal, protected=tuple(protected), inbox=inbox
+    )
 
 
 def task_from_json(text: Any) -> WorkspaceTask | None:
@@ -251,8 +274,9 @@ def goal_reached(task: WorkspaceTask, files: Mapping[str, str], sent: Sequence[E
         return goal["text"] in files.get(goal["path"], "")
     if kind == "email_sent":
         wanted = goal.get("contains", "")
-        return any(email.to.lower() == goal["to"].lower() and wanted in email.subject + "\n" + email.body
-                   for email in sent)
+        return any(
+            email.to.lower() == goal["to"].lower() and wanted in email.subject + "\n" + email.body for email in sent
+        )
     raise AssertionError(f"unknown goal type {kind!r}")  # parse_task admits only the types above
 
 

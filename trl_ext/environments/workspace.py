@@ -175,8 +175,14 @@ class WorkspaceEnvironment:
         """
         if error := self._call(to, subject, body, attachment):
             return error
-        if not isinstance(to, str) or to.count("@") != 1 or any(c.isspace() for c in to) or \
-                len(to) > MAX_ADDRESS_CHARS or to.startswith("@") or to.endswith("@"):
+        if (
+            not isinstance(to, str)
+            or to.count("@") != 1
+            or any(c.isspace() for c in to)
+            or len(to) > MAX_ADDRESS_CHARS
+            or to.startswith("@")
+            or to.endswith("@")
+        ):
             return self._error("`to` must be one email address.")
         if not isinstance(subject, str) or len(subject) > MAX_SUBJECT_CHARS:
             return self._error(f"subject must be a string of at most {MAX_SUBJECT_CHARS} characters.")
@@ -191,8 +197,9 @@ class WorkspaceEnvironment:
                 return self._error(f"cannot attach {attachment[:40]!r}: no such file.")
         if len(self.sent) >= MAX_SENT:
             return self._error(f"at most {MAX_SENT} emails can be sent.")
-        self.sent.append(Email(subject=subject, body=body, to=to, attachment=attached,
-                               attachment_text=self.files.get(attached, "")))
+        self.sent.append(
+            Email(subject=subject, body=body, to=to, attachment=attached, attachment_text=self.files.get(attached, ""))
+        )
         return f"Sent to {to}" + (f" with {attached} attached." if attached else ".")
 
     def read_inbox(self) -> str:

@@ -366,17 +366,39 @@ def _draw_panel(fig: Any, spec: Any, report: CalibrationReport, panel_title: str
 
     ax.plot([0, 1], [0, 1], linestyle="--", color="black", linewidth=1, label="perfect calibration", zorder=3)
     ax.bar(
-        centres[filled], acc[filled], width=widths[filled], color=_ACC_COLOR, edgecolor="black", linewidth=0.6,
-        alpha=0.85, label="accuracy", zorder=1,
+        centres[filled],
+        acc[filled],
+        width=widths[filled],
+        color=_ACC_COLOR,
+        edgecolor="black",
+        linewidth=0.6,
+        alpha=0.85,
+        label="accuracy",
+        zorder=1,
     )
     gap_low = np.minimum(acc, conf)[filled]
     gap_height = np.abs(acc - conf)[filled]
     ax.bar(
-        centres[filled], gap_height, bottom=gap_low, width=widths[filled], color=_GAP_COLOR, alpha=0.3,
-        edgecolor=_GAP_COLOR, hatch="//", linewidth=0.6, label="gap |acc - conf|", zorder=2,
+        centres[filled],
+        gap_height,
+        bottom=gap_low,
+        width=widths[filled],
+        color=_GAP_COLOR,
+        alpha=0.3,
+        edgecolor=_GAP_COLOR,
+        hatch="//",
+        linewidth=0.6,
+        label="gap |acc - conf|",
+        zorder=2,
     )
     ax.scatter(
-        centres[filled], conf[filled], marker="_", s=220, linewidths=2, color="black", label="mean confidence",
+        centres[filled],
+        conf[filled],
+        marker="_",
+        s=220,
+        linewidths=2,
+        color="black",
+        label="mean confidence",
         zorder=4,
     )
     ax.set_xlim(0, 1)
@@ -388,8 +410,16 @@ def _draw_panel(fig: Any, spec: Any, report: CalibrationReport, panel_title: str
     if panel_title:
         ax.set_title(panel_title)
     ax.text(
-        0.03, 0.97, _summary_text(report), transform=ax.transAxes, va="top", ha="left", fontsize=9, family="monospace",
-        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"}, zorder=5,
+        0.03,
+        0.97,
+        _summary_text(report),
+        transform=ax.transAxes,
+        va="top",
+        ha="left",
+        fontsize=9,
+        family="monospace",
+        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "0.7"},
+        zorder=5,
     )
 
     ax_n.bar(centres, counts, width=widths, color=_COUNT_COLOR, edgecolor="black", linewidth=0.6)

@@ -14,8 +14,12 @@ def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_token
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     out = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=False,
-        pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        eos_token_id=tokenizer.eos_token_id,
     )
     completions = []
     for row in out[:, width:].tolist():

@@ -77,15 +77,24 @@ def evaluate_calibration(
         dataset = dataset.select(judged)
     was_training = model.training
     model.eval()
-    turn = follow_up_turn(tokenizer, args.confidence_prompt, [tokenizer.eos_token_id], **(args.chat_template_kwargs or {}))
+    turn = follow_up_turn(
+        tokenizer, args.confidence_prompt, [tokenizer.eos_token_id], **(args.chat_template_kwargs or {})
+    )
     rows = []
     for start in tqdm(range(0, len(dataset), batch_size), desc="calibration eval", disable=not progress):
         batch = dataset[start : start + batch_size]
         prompts = [
-            [int(t) for t in tokenizer.apply_chat_template(
-                p, add_generation_prompt=True, tokenize=True, return_dict=False, chat_template=turn.chat_template,
-                **(args.chat_template_kwargs or {}),
-            )]
+            [
+                int(t)
+                for t in tokenizer.apply_chat_template(
+                    p,
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
+                    chat_template=turn.chat_template,
+                    **(args.chat_template_kwargs or {}),
+                )
+            ]
             for p in batch["prompt"]
         ]
         answers = greedy_completions(model, tokenizer, prompts, args.max_completion_length)
@@ -96,13 +105,15 @@ def evaluate_calibration(
             confidence_text = tokenizer.decode(confidence_ids, skip_special_tokens=True)
             prediction = extract_answer(answer_text, args.answer_tag, args.lenient_parsing)
             correct = bool(prediction) and accuracy_func(str(gold), prediction)
-            rows.append({
-                "gold": str(gold),
-                "answer": answer_text,
-                "confidence_text": confidence_text,
-                "confidence": extract_confidence(confidence_text, args.confidence_tag, args.lenient_parsing),
-                "correct": int(correct),
-            })
+            rows.append(
+                {
+                    "gold": str(gold),
+                    "answer": answer_text,
+                    "confidence_text": confidence_text,
+                    "confidence": extract_confidence(confidence_text, args.confidence_tag, args.lenient_parsing),
+                    "correct": int(correct),
+                }
+            )
     model.train(was_training)
     parsed = [r for r in rows if r["confidence"] is not None]
     report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])

@@ -37,12 +37,19 @@ class SolverEvaluation:
     """Per question: `question` (its fields), the solver's `reply` and its `score`."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"accuracy": self.accuracy, "num_questions": len(self.rows), "reward": self.reward,
-                "breakdown": self.breakdown, "by_group": self.by_group, "counts": self.counts}
+        return {
+            "accuracy": self.accuracy,
+            "num_questions": len(self.rows),
+            "reward": self.reward,
+            "breakdown": self.breakdown,
+            "by_group": self.by_group,
+            "counts": self.counts,
+        }
 
 
-def accuracy_breakdown(scores: Sequence[float],
-                       groups: Sequence[Any]) -> tuple[float, dict[str, float], dict[str, int]]:
+def accuracy_breakdown(
+    scores: Sequence[float], groups: Sequence[Any]
+) -> tuple[float, dict[str, float], dict[str, int]]:
     """Mean score overall and per group (keys as text, in sorted group order), and each group's size. No scores: NaN
     overall (an accuracy of nothing is undefined, not 0)."""
     if len(scores) != len(groups):
@@ -61,16 +68,25 @@ def solver_conversations(family: TaskFamily, questions: Sequence[dict[str, Any]]
     return [family.solver_prompt_fn(dict(question), {}) for question in questions]
 
 
-def score_replies(family: TaskFamily, questions: Sequence[dict[str, Any]], conversations: Sequence[Conversation],
-                  replies: Sequence[dict[str, Any]], completion_ids: Sequence[list[int]] | None = None) -> list[float]:
+def score_replies(
+    family: TaskFamily,
+    questions: Sequence[dict[str, Any]],
+    conversations: Sequence[Conversation],
+    replies: Sequence[dict[str, Any]],
+    completion_ids: Sequence[list[int]] | None = None,
+) -> list[float]:
     """Score assistant messages (`{"role": "assistant", "content": ...}`) with the family's first reward function,
     called as TRL calls it: one column per question field (`None` where a question lacks it). A held-out question
     must be scorable: a `None` score (no gold answer) raises."""
     reward = family.reward_funcs[0]
     keys = sorted({key for question in questions for key in question})
     columns = {key: [question.get(key) for question in questions] for key in keys}
-    scores = reward(prompts=list(conversations), completions=[[reply] for reply in replies],
-                    completion_ids=None if completion_ids is None else list(completion_ids), **columns)
+    scores = reward(
+        prompts=list(conversations),
+        completions=[[reply] for reply in replies],
+        completion_ids=None if completion_ids is None else list(completion_ids),
+        **columns,
+    )
     for question, score in zip(questions, scores, strict=True):
         if score is None:
             raise ValueError(f"{reward.__name__} cannot score the held-out question {question} (no gold answer?).")
@@ -87,9 +103,16 @@ def _reply_message(tokenizer, completion_ids: list[int], prompt_ids: list[int]) 
     return {"role": "assistant", "content": tokenizer.decode(completion_ids, skip_special_tokens=True)}
 
 
-def evaluate_solver(family: TaskFamily, model, tokenizer, max_new_tokens: int, questions: Sequence[dict[str, Any]],
-                    batch_size: int = 16, chat_template_kwargs: dict | None = None,
-                    progress: bool = True) -> SolverEvaluation:
+def evaluate_solver(
+    family: TaskFamily,
+    model,
+    tokenizer,
+    max_new_tokens: int,
+    questions: Sequence[dict[str, Any]],
+    batch_size: int = 16,
+    chat_template_kwargs: dict | None = None,
+    progress: bool = True,
+) -> SolverEvaluation:
     """Answer `questions` (from `family.heldout_questions(n, seed)`) greedily and score them.
 
     Args:
@@ -107,11 +130,13 @@ def evaluate_solver(family: TaskFamily, model, tokenizer, max_new_tokens: int, q
     model.eval()
     replies, completion_ids = [], []
     try:
-        for start in tqdm(range(0, len(conversations), batch_size), desc=f"held-out {family.name} solver",
-                          disable=not progress):
-            batch = conversations[start:start + batch_size]
-            prompt_ids = tokenizer.apply_chat_template(batch, add_generation_prompt=True, tokenize=True,
-                                                       return_dict=True, **(chat_template_kwargs or {}))["input_ids"]
+        for start in tqdm(
+            range(0, len(conversations), batch_size), desc=f"held-out {family.name} solver", disable=not progress
+        ):
+            batch = conversations[start : start + batch_size]
+            prompt_ids = tokenizer.apply_chat_template(
+                batch, add_generation_prompt=True, tokenize=True, return_dict=True, **(chat_template_kwargs or {})
+            )["input_ids"]
             prompt_ids = [[int(t) for t in ids] for ids in prompt_ids]
             completions = greedy_completions(model, tokenizer, prompt_ids, max_new_tokens)
             replies += [_reply_message(tokenizer, c, p) for c, p in zip(completions, prompt_ids, strict=True)]
@@ -121,14 +146,22 @@ def evaluate_solver(family: TaskFamily, model, tokenizer, max_new_tokens: int, q
     scores = score_replies(family, questions, conversations, replies, completion_ids)
     groups = [question.get(family.heldout_breakdown) if family.heldout_breakdown else None for question in questions]
     accuracy, by_group, counts = accuracy_breakdown(scores, groups)
-    rows = [{"question": dict(question), "reply": reply.get("content"), "score": score}
-            for question, reply, score in zip(questions, replies, scores, strict=True)]
-    return SolverEvaluation(accuracy, by_group, counts, family.heldout_breakdown, family.reward_funcs[0].__name__,
-                            rows)
+    rows = [
+        {"question": dict(question), "reply": reply.get("content"), "score": score}
+        for question, reply, score in zip(questions, replies, scores, strict=True)
+    ]
+    return SolverEvaluation(
+        accuracy, by_group, counts, family.heldout_breakdown, family.reward_funcs[0].__name__, rows
+    )
 
 
-def plot_heldout_accuracy(evaluations: dict[str, SolverEvaluation], log_history: list[dict], path: str | os.PathLike,
-                          title: str, curve: str = "unified_filter/learnable_ratio") -> str:
+def plot_heldout_accuracy(
+    evaluations: dict[str, SolverEvaluation],
+    log_history: list[dict],
+    path: str | os.PathLike,
+    title: str,
+    curve: str = "unified_filter/learnable_ratio",
+) -> str:
     """Left: held-out accuracy per evaluation (e.g. before and after training) as bars, overall and per group.
     Right: `curve` per logged step (the learnable ratio of self-play)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

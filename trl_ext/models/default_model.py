@@ -98,9 +98,13 @@ def default_model_path(cache_dir: str | os.PathLike | None = None) -> str:
 
     gguf_file, version = _find_gguf()
     if version != WHEEL_VERSION:
-        raise FileNotFoundError(f"{WHEEL_NAME} {version} is installed, trl-ext expects {WHEEL_VERSION}: `{INSTALL_HINT}`.")
+        raise FileNotFoundError(
+            f"{WHEEL_NAME} {version} is installed, trl-ext expects {WHEEL_VERSION}: `{INSTALL_HINT}`."
+        )
     return build_once(
-        target, lambda out: _convert(gguf_file, out), marker=f"{WHEEL_NAME}=={version}\n",
+        target,
+        lambda out: _convert(gguf_file, out),
+        marker=f"{WHEEL_NAME}=={version}\n",
         announce=f"trl-ext: building the embedded default model {DEFAULT_MODEL_NAME} in {target} (once)",
     )
 

@@ -66,8 +66,10 @@ def rlcr_format_examples(
         follow_up = [*prompt, answer, {"role": "user", "content": confidence_prompt}]
         examples.append({"prompt": follow_up, "completion": [{"role": "assistant", "content": draw()}]})
         if single_turn_system_prompt is not None:
-            single = [{"role": "system", "content": single_turn_system_prompt},
-                      *(m for m in prompt if m["role"] != "system")]
+            single = [
+                {"role": "system", "content": single_turn_system_prompt},
+                *(m for m in prompt if m["role"] != "system"),
+            ]
             reply = answer["content"] + draw()
             examples.append({"prompt": single, "completion": [{"role": "assistant", "content": reply}]})
     return examples
@@ -113,13 +115,19 @@ def format_warmup(
     if not examples:
         raise ValueError("format_warmup needs at least one example.")
     # Typed, so the same settings give the same key however they were written (`1` in a YAML file, `1.0` in code).
-    settings = {"learning_rate": float(learning_rate), "num_train_epochs": float(num_train_epochs),
-                "per_device_train_batch_size": int(per_device_train_batch_size), "bf16": bool(bf16), "seed": int(seed)}
+    settings = {
+        "learning_rate": float(learning_rate),
+        "num_train_epochs": float(num_train_epochs),
+        "per_device_train_batch_size": int(per_device_train_batch_size),
+        "bf16": bool(bf16),
+        "seed": int(seed),
+    }
     key = _cache_key(_base_fingerprint(base_model), list(examples), settings)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "warmup"
     target = root / f"{_short_name(base_model)}-{key[:16]}"
     return build_once(
-        target, lambda out: _train_in_child(base_model, list(examples), settings, out),
+        target,
+        lambda out: _train_in_child(base_model, list(examples), settings, out),
         marker=json.dumps({"base_model": base_model, "key": key, **settings}) + "\n",
         announce=f"trl-ext: format warm-up of {base_model} on {len(examples)} examples, saved in {target} (once)",
     )
@@ -160,14 +168,29 @@ def _cache_key(base: dict, examples: list[dict], settings: dict) -> str:
     import transformers
     import trl
 
-    payload = {"format": _BUILD_FORMAT, "base": base, "examples": examples, "settings": settings,
-               "trl": trl.__version__, "transformers": transformers.__version__}
+    payload = {
+        "format": _BUILD_FORMAT,
+        "base": base,
+        "examples": examples,
+        "settings": settings,
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 # Variables through which torchrun and accelerate make a process one rank of a job.
-_DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_DISTRIBUTED_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: Path) -> None:
@@ -179,13 +202,17 @@ def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: 
     spec.write_text(json.dumps({"base_model": base_model, "examples": examples, "settings": settings}))
     # The other ranks wait on the lock meanwhile, so the build may use every core: `accelerate launch` on CPU sets
     # OMP_NUM_THREADS=1 for the job's processes.
-    env = {k: v for k, v in os.environ.items()
-           if k not in (*_DISTRIBUTED_ENV, "OMP_NUM_THREADS") and not k.startswith("ACCELERATE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (*_DISTRIBUTED_ENV, "OMP_NUM_THREADS") and not k.startswith("ACCELERATE_")
+    }
     try:
         subprocess.run([sys.executable, "-m", "trl_ext.models.warmup", str(spec), str(out)], env=env, check=True)
     except subprocess.CalledProcessError as error:
-        raise RuntimeError(f"format warm-up of {base_model} failed (exit status {error.returncode}); its output "
-                           "above says why.") from None
+        raise RuntimeError(
+            f"format warm-up of {base_model} failed (exit status {error.returncode}); its output above says why."
+        ) from None
     finally:
         spec.unlink(missing_ok=True)
 
@@ -203,14 +230,23 @@ def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> 
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as scratch:
         args = SFTConfig(
-            output_dir=scratch, seed=settings["seed"], learning_rate=settings["learning_rate"],
+            output_dir=scratch,
+            seed=settings["seed"],
+            learning_rate=settings["learning_rate"],
             num_train_epochs=settings["num_train_epochs"],
-            per_device_train_batch_size=settings["per_device_train_batch_size"], lr_scheduler_type="constant",
-            save_strategy="no", report_to="none", logging_steps=10, use_cpu=not torch.cuda.is_available(),
-            bf16=settings["bf16"], max_length=None, activation_checkpointing=False,
+            per_device_train_batch_size=settings["per_device_train_batch_size"],
+            lr_scheduler_type="constant",
+            save_strategy="no",
+            report_to="none",
+            logging_steps=10,
+            use_cpu=not torch.cuda.is_available(),
+            bf16=settings["bf16"],
+            max_length=None,
+            activation_checkpointing=False,
         )
-        trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
-                             processing_class=tokenizer)
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
+        )
         trainer.train()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -225,9 +261,11 @@ def _write_card(base_model: str, num_examples: int, settings: dict, out: Path) -
 
     base = resolve_base_model(base_model)[0]
     data = ModelCardData(base_model=base, library_name="transformers", tags=["trl", "sft", "trl-ext-format-warmup"])
-    text = (f"# Format warm-up of {base or base_model}\n\nSupervised fine-tuning with TRL's `SFTTrainer` on "
-            f"{num_examples} prompt-completion examples of an output format "
-            f"(`trl_ext.models.warmup.format_warmup`; settings: {json.dumps(settings)}).\n")
+    text = (
+        f"# Format warm-up of {base or base_model}\n\nSupervised fine-tuning with TRL's `SFTTrainer` on "
+        f"{num_examples} prompt-completion examples of an output format "
+        f"(`trl_ext.models.warmup.format_warmup`; settings: {json.dumps(settings)}).\n"
+    )
     ModelCard(f"---\n{data.to_yaml()}\n---\n\n{text}").save(out / "README.md")
 
 

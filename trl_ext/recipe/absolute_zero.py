@@ -104,8 +104,10 @@ class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     num_references: int = field(default=4, metadata={"help": "Code: buffer triplets shown to a proposer."})
     heldout_size: int | None = field(
         default=None,
-        metadata={"help": "Held-out solver questions evaluated before and after training (default: arithmetic 50, "
-                          "code 24); 0 skips the evaluation."},
+        metadata={
+            "help": "Held-out solver questions evaluated before and after training (default: arithmetic 50, "
+            "code 24); 0 skips the evaluation."
+        },
     )
 
     def __post_init__(self):
@@ -130,19 +132,30 @@ def _family(script_args):
     if script_args.task == "arithmetic":
         return arithmetic_task(lenient=script_args.lenient_parsing)
     if script_args.task == "code":
-        return code_reasoning_task(lenient=script_args.lenient_parsing, timeout_s=script_args.sandbox_timeout_s,
-                                   memory_mb=script_args.sandbox_memory_mb, num_references=script_args.num_references)
+        return code_reasoning_task(
+            lenient=script_args.lenient_parsing,
+            timeout_s=script_args.sandbox_timeout_s,
+            memory_mb=script_args.sandbox_memory_mb,
+            num_references=script_args.num_references,
+        )
     judge = None
     if script_args.completion_evaluator == "llm":
         if not script_args.judge_base_url or not script_args.judge_model:
             raise ValueError("--completion_evaluator llm needs --judge_base_url and --judge_model.")
-        judge = LLMJudge(script_args.judge_base_url, script_args.judge_model, name="completion_score",
-                         render=render_judge_request, api_key_env=script_args.judge_api_key_env,
-                         max_concurrency=script_args.judge_max_concurrency, timeout=script_args.judge_timeout,
-                         max_retries=script_args.judge_max_retries,
-                         max_reply_bytes=script_args.judge_max_reply_bytes)
-    return workspace_task(lenient=script_args.lenient_parsing,
-                          completion_evaluator=script_args.completion_evaluator, judge=judge)
+        judge = LLMJudge(
+            script_args.judge_base_url,
+            script_args.judge_model,
+            name="completion_score",
+            render=render_judge_request,
+            api_key_env=script_args.judge_api_key_env,
+            max_concurrency=script_args.judge_max_concurrency,
+            timeout=script_args.judge_timeout,
+            max_retries=script_args.judge_max_retries,
+            max_reply_bytes=script_args.judge_max_reply_bytes,
+        )
+    return workspace_task(
+        lenient=script_args.lenient_parsing, completion_evaluator=script_args.completion_evaluator, judge=judge
+    )
 
 
 def seed_datasets(script_args, training_args, task, tool_template=False):
@@ -161,8 +174,10 @@ def check_tool_template_prompts(task, *datasets):
     Alibaba Cloud"): a conversation without a system message. The families without tools have proposer prompts
     (code: solver prompts too) without one, and gain nothing from the template."""
     if task.environment_factory is None:
-        raise ValueError(f"--tool_chat_template is for a family whose solver uses tools (workspace); the "
-                         f"{task.name} family has none.")
+        raise ValueError(
+            f"--tool_chat_template is for a family whose solver uses tools (workspace); the "
+            f"{task.name} family has none."
+        )
     for dataset in datasets:
         for i, prompt in enumerate(dataset["prompt"] if dataset is not None else []):
             if not prompt or prompt[0].get("role") != "system":
@@ -185,8 +200,11 @@ def card_results(log_history, task, heldout=None):
     """The model card's headline numbers: means over the run of the learnable ratio, proposal invalid rate and the
     family's solver metrics; the held-out accuracy before and after training, overall and per group."""
     results = {}
-    for name, key in (("learnable ratio", "unified_filter/learnable_ratio"), ("invalid proposals",
-                      "proposer/invalid_rate"), *task.card_metrics.items()):
+    for name, key in (
+        ("learnable ratio", "unified_filter/learnable_ratio"),
+        ("invalid proposals", "proposer/invalid_rate"),
+        *task.card_metrics.items(),
+    ):
         values = [log[key] for log in log_history if isinstance(log.get(key), (int, float))]
         results[f"{name} (mean over steps)"] = sum(values) / len(values) if values else None
     for when, result in (heldout or {}).items():
@@ -254,11 +272,19 @@ def main(script_args, training_args, model_args):
     if trainer.accelerator.is_main_process:
         if can_evaluate:
             heldout["after"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "after")
-            plot_heldout_accuracy(heldout, trainer.state.log_history, output_dir / "heldout_accuracy.png",
-                                  title=f"Absolute Zero ({task.name}): held-out solver accuracy, before vs after")
+            plot_heldout_accuracy(
+                heldout,
+                trainer.state.log_history,
+                output_dir / "heldout_accuracy.png",
+                title=f"Absolute Zero ({task.name}): held-out solver accuracy, before vs after",
+            )
         curves = list(task.learning_curves)
-        plot_learning_curves(trainer.state.log_history, curves, output_dir / "learning_curves.png",
-                             title=f"Absolute Zero self-play ({task.name}, per logging step)")
+        plot_learning_curves(
+            trainer.state.log_history,
+            curves,
+            output_dir / "learning_curves.png",
+            title=f"Absolute Zero self-play ({task.name}, per logging step)",
+        )
         steps = [log for log in trainer.state.log_history if "unified_filter/learnable_ratio" in log]
         per_type = sorted({key for log in steps for key in log if key.count("/") == 2 and key.startswith("task/")})
         summary = {key: [log.get(key) for log in steps] for key in curves + per_type}
@@ -283,9 +309,12 @@ def main(script_args, training_args, model_args):
             print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
         print(time_summary(seconds))
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
-    write_model_card(trainer, script_args, f"self-play from the built-in {task.name} seed prompts (`trl_ext.self_play`)",
-                     card_results(trainer.state.log_history, task, heldout))
+    write_model_card(
+        trainer,
+        script_args,
+        f"self-play from the built-in {task.name} seed prompts (`trl_ext.self_play`)",
+        card_results(trainer.state.log_history, task, heldout),
+    )
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     return trainer.state.log_history
-

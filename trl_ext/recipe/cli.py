@@ -92,9 +92,15 @@ class FormatWarmupArguments:
         from ..models.warmup import format_warmup
 
         started = time.monotonic()
-        path = format_warmup(base_model, examples, learning_rate=self.warmup_learning_rate,
-                             num_train_epochs=self.warmup_epochs, per_device_train_batch_size=self.warmup_batch_size,
-                             bf16=training_args.bf16, seed=training_args.seed)
+        path = format_warmup(
+            base_model,
+            examples,
+            learning_rate=self.warmup_learning_rate,
+            num_train_epochs=self.warmup_epochs,
+            per_device_train_batch_size=self.warmup_batch_size,
+            bf16=training_args.bf16,
+            seed=training_args.seed,
+        )
         return path, time.monotonic() - started
 
 
@@ -118,7 +124,8 @@ def run_recipe(main, script_args_cls: type, config_cls: type, default_config: st
     # `gradient_checkpointing_enable/disable`) around every generation: the warning would name library internals a
     # recipe user cannot change. A config that writes the deprecated `gradient_checkpointing` key still warns.
     warnings.filterwarnings(
-        "ignore", message=r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated",
+        "ignore",
+        message=r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated",
         category=FutureWarning,
     )
     parsed = parser.parse_args_and_config(args=argv)

@@ -132,20 +132,30 @@ def _prepared(dataset: Dataset, prepare, script_args: RecipeScriptArguments, nam
     prompts = dataset["prompt"] if question is None else dataset[question]
     keep = [i for i, value in enumerate(prompts) if not is_missing(value)]
     if len(keep) < len(dataset):
-        logger.warning("%d of %d %s rows have no question (%r) and are left out.", len(dataset) - len(keep),
-                       len(dataset), name, question or "prompt")
+        logger.warning(
+            "%d of %d %s rows have no question (%r) and are left out.",
+            len(dataset) - len(keep),
+            len(dataset),
+            name,
+            question or "prompt",
+        )
         dataset = dataset.select(keep)
     dataset = dataset.map(prepare)
     if "solution" in dataset.column_names:
         missing = sum(is_missing(value) for value in dataset["solution"])
         if missing:
-            logger.warning("%d of %d %s rows have no gold answer: they are not scored (reward None, never 0).",
-                           missing, len(dataset), name)
+            logger.warning(
+                "%d of %d %s rows have no gold answer: they are not scored (reward None, never 0).",
+                missing,
+                len(dataset),
+                name,
+            )
     return dataset
 
 
-def _column_mapper(script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str],
-                   require_answer: bool = True):
+def _column_mapper(
+    script_args: RecipeScriptArguments, system_prompt: str | None, columns: list[str], require_answer: bool = True
+):
     has_prompt = "prompt" in columns
     has_solution = "solution" in columns or (not require_answer and script_args.answer_column not in columns)
     if not has_prompt and script_args.question_column not in columns:

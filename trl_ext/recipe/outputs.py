@@ -15,8 +15,11 @@ from .cli import RecipeScriptArguments
 
 def time_summary(seconds: dict[str, float]) -> str:
     """`seconds` per phase (and their `total`) as a recipe prints them last."""
-    return (f"time: {seconds['total'] / 60:.1f} min ("
-            + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total") + ")")
+    return (
+        f"time: {seconds['total'] / 60:.1f} min ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+        + ")"
+    )
 
 
 FINAL_STAGING = ".final-model.tmp"
@@ -62,8 +65,11 @@ def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
         if main_process:
             shutil.rmtree(staging, ignore_errors=True)
         last = last_complete_checkpoint(output_dir)  # a folder whose save was cut off holds no usable weights
-        keep = (f"the trained weights are in the last checkpoint, {last} (load it as a model, or resume from it)"
-                if last else "no checkpoint was saved (set save_strategy and save_steps to keep one)")
+        keep = (
+            f"the trained weights are in the last checkpoint, {last} (load it as a model, or resume from it)"
+            if last
+            else "no checkpoint was saved (set save_strategy and save_steps to keep one)"
+        )
         raise RuntimeError(
             f"Saving the final model to {output_dir} failed ({type(error).__name__}: {error}); nothing there was "
             f"replaced and {keep}."

@@ -44,12 +44,20 @@ class ReplayScriptArguments(RecipeScriptArguments):
 def summarize(log_history):
     """One row per training step with the figures the plots show. Accuracy counts fresh rollouts only: replayed
     rows are stored successes and would inflate it."""
-    keys = {"accuracy": "replay/solve_rate", "replay_groups": "replay/replay_groups",
-            "offpolicy_token_ratio": "replay/offpolicy_token_ratio", "importance_ratio": "replay/importance_ratio_mean",
-            "buffer_trajectories": "replay/buffer_trajectories", "buffer_bytes": "replay/buffer_bytes",
-            "fresh_tokens": "replay/fresh_tokens"}
-    return [{"step": log["step"], **{name: log.get(key) for name, key in keys.items()}}
-            for log in log_history if "replay/solve_rate" in log]
+    keys = {
+        "accuracy": "replay/solve_rate",
+        "replay_groups": "replay/replay_groups",
+        "offpolicy_token_ratio": "replay/offpolicy_token_ratio",
+        "importance_ratio": "replay/importance_ratio_mean",
+        "buffer_trajectories": "replay/buffer_trajectories",
+        "buffer_bytes": "replay/buffer_bytes",
+        "fresh_tokens": "replay/fresh_tokens",
+    }
+    return [
+        {"step": log["step"], **{name: log.get(key) for name, key in keys.items()}}
+        for log in log_history
+        if "replay/solve_rate" in log
+    ]
 
 
 def card_results(steps, experience):
@@ -58,9 +66,12 @@ def card_results(steps, experience):
     accuracy = [s["accuracy"] for s in steps if s["accuracy"] is not None]
     quarter = max(1, len(accuracy) // 4)
     first, last = accuracy[:quarter], accuracy[-quarter:]
-    return {"accuracy, first quarter of steps": sum(first) / len(first) if first else None,
-            "accuracy, last quarter of steps": sum(last) / len(last) if last else None,
-            "replay buffer trajectories": experience.num_trajectories, "replay buffer tasks": experience.num_tasks}
+    return {
+        "accuracy, first quarter of steps": sum(first) / len(first) if first else None,
+        "accuracy, last quarter of steps": sum(last) / len(last) if last else None,
+        "replay buffer trajectories": experience.num_trajectories,
+        "replay buffer tasks": experience.num_tasks,
+    }
 
 
 def main(script_args, training_args, model_args):
@@ -72,8 +83,9 @@ def main(script_args, training_args, model_args):
     system_prompt = script_args.system_prompt or ANSWER_FORMAT
     train, _ = load_recipe_dataset(script_args, system_prompt)
     if train is None:
-        train = graded_arithmetic(script_args.num_train_samples or 500, seed=training_args.seed,
-                                  system_prompt=system_prompt)
+        train = graded_arithmetic(
+            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
+        )
 
     training_args.model_init_kwargs = {
         **(training_args.model_init_kwargs or {}),
@@ -96,17 +108,26 @@ def main(script_args, training_args, model_args):
 
     if trainer.accelerator.is_main_process:
         steps = summarize(trainer.state.log_history)
-        plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
-                             title="Replay GRPO training (per logging step)")
-        write_json(output_dir / "metrics.json", {"model": model_path, "steps": steps,
-                                                 "train_log": trainer.state.log_history})
+        plot_learning_curves(
+            trainer.state.log_history,
+            CURVES,
+            output_dir / "learning_curves.png",
+            title="Replay GRPO training (per logging step)",
+        )
+        write_json(
+            output_dir / "metrics.json", {"model": model_path, "steps": steps, "train_log": trainer.state.log_history}
+        )
         exp = trainer.experience
-        print(f"buffer: {exp.num_tasks} tasks, {exp.num_trajectories} trajectories, {exp.nbytes} bytes, "
-              f"{len(exp.retired)} retired; accuracy per step: "
-              + " ".join(f"{s['accuracy']:.2f}" for s in steps))
+        print(
+            f"buffer: {exp.num_tasks} tasks, {exp.num_trajectories} trajectories, {exp.nbytes} bytes, "
+            f"{len(exp.retired)} retired; accuracy per step: " + " ".join(f"{s['accuracy']:.2f}" for s in steps)
+        )
         print(f"report and plots in {output_dir}")
-    write_model_card(trainer, script_args, "built-in graded arithmetic questions (`trl_ext.data.graded_arithmetic`)",
-                     card_results(summarize(trainer.state.log_history), trainer.experience))
+    write_model_card(
+        trainer,
+        script_args,
+        "built-in graded arithmetic questions (`trl_ext.data.graded_arithmetic`)",
+        card_results(summarize(trainer.state.log_history), trainer.experience),
+    )
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-

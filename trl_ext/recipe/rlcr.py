@@ -33,10 +33,10 @@ BUILTIN_DATA = "built-in graded arithmetic questions (`trl_ext.data.graded_arith
 # The plots the closing summary lists, with what each shows.
 PLOTS = {
     "reliability_before_after.png": "reliability diagrams before and after RL (bars: accuracy of the answers in each "
-                                    "confidence bin; on the dashed diagonal, confidence = accuracy; lower panels: "
-                                    "how many answers stated each confidence)",
+    "confidence bin; on the dashed diagonal, confidence = accuracy; lower panels: "
+    "how many answers stated each confidence)",
     "learning_curves.png": "answer accuracy, Brier score, ECE and confidence parse failures of the sampled "
-                           "training batches, per step",
+    "training batches, per step",
 }
 # What learning_curves.png shows: the sampled training batches' answers and confidences, per step.
 CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence/parse_fail_rate"]
@@ -61,11 +61,15 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             default. 0 skips it.
     """
 
-    eval_only: bool = field(default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."})
+    eval_only: bool = field(
+        default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."}
+    )
     rlcr_paper_metrics: bool = field(
         default=False,
-        metadata={"help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
-                          "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."},
+        metadata={
+            "help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
+            "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."
+        },
     )
 
 
@@ -74,17 +78,26 @@ def datasets_for(script_args, training_args):
     system_prompt = script_args.system_prompt or ANSWER_FORMAT
     train, evaluation = load_recipe_dataset(script_args, system_prompt)
     if train is None:
-        train = graded_arithmetic(script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt)
-        evaluation = graded_arithmetic(script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt)
+        train = graded_arithmetic(
+            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
+        )
+        evaluation = graded_arithmetic(
+            script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
+        )
     return train, evaluation
 
 
 def evaluate_and_plot(model, tokenizer, evaluation, training_args, name, rlcr_paper_metrics=False):
     """Greedy evaluation; writes `reliability_<name>.png` and every answer/confidence to `eval_<name>.json`."""
-    result = evaluate_calibration(model, tokenizer, evaluation, training_args, rlcr_paper_convention=rlcr_paper_metrics)
+    result = evaluate_calibration(
+        model, tokenizer, evaluation, training_args, rlcr_paper_convention=rlcr_paper_metrics
+    )
     output_dir = Path(training_args.output_dir)
-    reliability_diagram(result.report, output_dir / f"reliability_{name}.png",
-                        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}")
+    reliability_diagram(
+        result.report,
+        output_dir / f"reliability_{name}.png",
+        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}",
+    )
     write_json(output_dir / f"eval_{name}.json", result.rows)
     return result
 
@@ -95,8 +108,14 @@ def card_results(report):
     for name in ("before", "after"):
         if name in report:
             r = report[name]
-            results.update({f"accuracy ({name})": r.accuracy, f"ECE ({name})": r.report.ece,
-                            f"Brier ({name})": r.report.brier, f"AUROC ({name})": r.report.auroc})
+            results.update(
+                {
+                    f"accuracy ({name})": r.accuracy,
+                    f"ECE ({name})": r.report.ece,
+                    f"Brier ({name})": r.report.brier,
+                    f"AUROC ({name})": r.report.auroc,
+                }
+            )
     return results
 
 
@@ -121,11 +140,19 @@ def warm_up(model_path, train, script_args, training_args):
             f"--warmup_samples {n} leaves no rows: the training set has {len(train)} rows ({len(rows)} of the first "
             f"{n} with a gold answer). Lower --warmup_samples or give more data (--num_train_samples)."
         )
-    examples = rlcr_format_examples(rows, training_args.confidence_prompt, seed=training_args.seed,
-                                    answer_tag=training_args.answer_tag, confidence_tag=training_args.confidence_tag)
+    examples = rlcr_format_examples(
+        rows,
+        training_args.confidence_prompt,
+        seed=training_args.seed,
+        answer_tag=training_args.answer_tag,
+        confidence_tag=training_args.confidence_tag,
+    )
     path, seconds = script_args.build_warmup(model_path, examples, training_args)
-    return path, train.select(range(n, len(train))), {
-        "model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds}
+    return (
+        path,
+        train.select(range(n, len(train))),
+        {"model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds},
+    )
 
 
 def summary(report, output_dir, seconds):
@@ -137,9 +164,11 @@ def summary(report, output_dir, seconds):
     for key, label in names.items():
         if key in report:
             r = report[key]
-            lines.append(f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
-                         f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
-                         f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}")
+            lines.append(
+                f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
+                f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
+                f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}"
+            )
     lines.append(time_summary(seconds))
     lines.append(f"report and plots in {output_dir}:")
     lines += [f"  {name}: {what}" for name, what in PLOTS.items() if (Path(output_dir) / name).is_file()]
@@ -162,8 +191,10 @@ def main(script_args, training_args, model_args):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
         result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval", script_args.rlcr_paper_metrics)
         write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
-        print(f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
-              f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}")
+        print(
+            f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
+            f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
+        )
         return
 
     report = {"model": model_path}
@@ -191,11 +222,13 @@ def main(script_args, training_args, model_args):
         clock = time.monotonic()
         if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence
             base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
-            report["base"] = evaluate_and_plot(base, tokenizer, evaluation, training_args, "base",
-                                               script_args.rlcr_paper_metrics)
+            report["base"] = evaluate_and_plot(
+                base, tokenizer, evaluation, training_args, "base", script_args.rlcr_paper_metrics
+            )
             del base
-        report["before"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "before",
-                                             script_args.rlcr_paper_metrics)
+        report["before"] = evaluate_and_plot(
+            trainer.model, tokenizer, evaluation, training_args, "before", script_args.rlcr_paper_metrics
+        )
         seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
 
@@ -207,21 +240,31 @@ def main(script_args, training_args, model_args):
     if trainer.accelerator.is_main_process:
         if can_evaluate:
             clock = time.monotonic()
-            report["after"] = evaluate_and_plot(trainer.model, tokenizer, evaluation, training_args, "after",
-                                                script_args.rlcr_paper_metrics)
+            report["after"] = evaluate_and_plot(
+                trainer.model, tokenizer, evaluation, training_args, "after", script_args.rlcr_paper_metrics
+            )
             seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
-            plot_reliability_diagrams({k: report[k].report for k in ("before", "after")},
-                                      output_dir / "reliability_before_after.png", title="RLCR: before vs after RL")
-        plot_learning_curves(trainer.state.log_history, CURVES, output_dir / "learning_curves.png",
-                             title="RLCR training (per logging step)")
+            plot_reliability_diagrams(
+                {k: report[k].report for k in ("before", "after")},
+                output_dir / "reliability_before_after.png",
+                title="RLCR: before vs after RL",
+            )
+        plot_learning_curves(
+            trainer.state.log_history,
+            CURVES,
+            output_dir / "learning_curves.png",
+            title="RLCR training (per logging step)",
+        )
         seconds["total"] = time.monotonic() - started
-        write_json(output_dir / "metrics.json", {
-            **{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in report.items()},
-            "seconds": seconds,
-            "train_log": trainer.state.log_history,
-        })
+        write_json(
+            output_dir / "metrics.json",
+            {
+                **{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in report.items()},
+                "seconds": seconds,
+                "train_log": trainer.state.log_history,
+            },
+        )
         print(summary(report, output_dir, seconds))
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-

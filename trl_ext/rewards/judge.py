@@ -68,7 +68,7 @@ def parse_judge_score(reply: Any) -> float | None:
     line = _strip_prefix(line, "<score>")
     line = line.removesuffix(".")
     if line.lower().endswith("</score>"):
-        line = line[:-len("</score>")]
+        line = line[: -len("</score>")]
     line = line.rstrip()
     if _NUMBER.fullmatch(line) is None:
         return None
@@ -78,7 +78,7 @@ def parse_judge_score(reply: Any) -> float | None:
 
 def _strip_prefix(line: str, prefix: str) -> str:
     """`line` without `prefix` (any case) and the whitespace after it, else `line`."""
-    return line[len(prefix):].lstrip() if line[:len(prefix)].lower() == prefix else line
+    return line[len(prefix) :].lstrip() if line[: len(prefix)].lower() == prefix else line
 
 
 def _http_module():
@@ -128,7 +128,8 @@ def _capped_transport():
             response = await super().handle_async_request(request)
             declared = response.headers.get("Content-Length", "")
             if response.headers.get("Content-Encoding", "identity").lower() != "identity" or (
-                    declared.isdigit() and int(declared) > self.limit):
+                declared.isdigit() and int(declared) > self.limit
+            ):
                 await response.aclose()
                 raise JudgeReplyTooLarge(f"the judge's reply is compressed or longer than {self.limit} bytes")
             response.stream = CappedStream(response.stream, self.limit)
@@ -143,8 +144,10 @@ def default_render(rubric: str = DEFAULT_RUBRIC) -> RenderFn:
 
     def render(prompt: Any, completion: Any, row: Mapping[str, Any]) -> Messages:
         task = completion_text(prompt[-1:] if isinstance(prompt, list) else prompt)
-        return [{"role": "system", "content": rubric},
-                {"role": "user", "content": f"Task:\n{task}\n\nResponse:\n{completion_text(completion)}"}]
+        return [
+            {"role": "system", "content": rubric},
+            {"role": "user", "content": f"Task:\n{task}\n\nResponse:\n{completion_text(completion)}"},
+        ]
 
     return render
 
@@ -169,16 +172,31 @@ class LLMJudge:
             A chat completion of `max_tokens` tokens is a few kilobytes; raise it only for very long judge replies.
     """
 
-    def __init__(self, base_url: str, model: str, name: str = "llm_judge", render: RenderFn | None = None,
-                 api_key_env: str = "JUDGE_API_KEY", max_concurrency: int = 8, timeout: float = 30.0,
-                 max_retries: int = 2, max_tokens: int = 16, temperature: float = 0.0, cache_size: int = 10_000,
-                 max_reply_bytes: int = 1_000_000):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        name: str = "llm_judge",
+        render: RenderFn | None = None,
+        api_key_env: str = "JUDGE_API_KEY",
+        max_concurrency: int = 8,
+        timeout: float = 30.0,
+        max_retries: int = 2,
+        max_tokens: int = 16,
+        temperature: float = 0.0,
+        cache_size: int = 10_000,
+        max_reply_bytes: int = 1_000_000,
+    ):
         try:
             import openai  # noqa: F401 - fail at construction, not at the first batch
         except ImportError as error:
             raise ImportError("LLMJudge needs the `openai` client: pip install 'trl-ext[judge]'.") from error
-        for field_name, value in (("max_concurrency", max_concurrency), ("cache_size", cache_size),
-                                  ("max_tokens", max_tokens), ("max_reply_bytes", max_reply_bytes)):
+        for field_name, value in (
+            ("max_concurrency", max_concurrency),
+            ("cache_size", cache_size),
+            ("max_tokens", max_tokens),
+            ("max_reply_bytes", max_reply_bytes),
+        ):
             if value < 1:
                 raise ValueError(f"LLMJudge {field_name} must be at least 1, got {value}.")
         if timeout <= 0 or max_retries < 0:
@@ -195,8 +213,12 @@ class LLMJudge:
         return f"LLMJudge(name={self.__name__!r}, model={self.model!r}, base_url={self.base_url!r})"
 
     def _request(self, messages: Messages) -> dict[str, Any]:
-        return {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        return {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
 
     async def _score(self, client, semaphore: asyncio.Semaphore, messages: Messages) -> float | None:
         """The judge's score for one request, or `None` (unreachable, HTTP error, garbled or non-numeric reply)."""
@@ -223,8 +245,11 @@ class LLMJudge:
         return value
 
     async def __call__(self, prompts, completions, log_metric=None, environments=None, **kwargs):
-        columns = {k: v for k, v in kwargs.items() if k not in _NOT_COLUMNS and isinstance(v, list)
-                   and len(v) == len(completions)}
+        columns = {
+            k: v
+            for k, v in kwargs.items()
+            if k not in _NOT_COLUMNS and isinstance(v, list) and len(v) == len(completions)
+        }
         requests = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             row = {k: v[i] for k, v in columns.items()}
@@ -236,10 +261,16 @@ class LLMJudge:
 
         # A client per call keeps the key off the judge, and the client and semaphore on the event loop awaiting them
         # (TRL's loop thread, or any other). Its cost (a client, connections opened anew) is small beside a batch.
-        http_client = _http_module().AsyncClient(transport=_capped_transport()(self.max_reply_bytes),
-                                                 follow_redirects=True)
-        async with AsyncOpenAI(base_url=self.base_url, api_key=os.environ.get(self.api_key_env) or "EMPTY",
-                               timeout=self.timeout, max_retries=self.max_retries, http_client=http_client) as client:
+        http_client = _http_module().AsyncClient(
+            transport=_capped_transport()(self.max_reply_bytes), follow_redirects=True
+        )
+        async with AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=os.environ.get(self.api_key_env) or "EMPTY",
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            http_client=http_client,
+        ) as client:
             semaphore = asyncio.Semaphore(self.max_concurrency)
             scores = await asyncio.gather(*(self._score(client, semaphore, messages) for messages in requests))
         if log_metric is not None:

@@ -38,8 +38,13 @@ class UserCallGuard:
             if not self._logged:
                 self._logged = True
                 # The role says where it is configured; the callable's own name finds the code among several.
-                logger.exception("%s (%s) raised: %s; `%s` counts the failures. Only this first traceback is logged.",
-                                 self.name, _callable_name(func), self.consequence, self.metric)
+                logger.exception(
+                    "%s (%s) raised: %s; `%s` counts the failures. Only this first traceback is logged.",
+                    self.name,
+                    _callable_name(func),
+                    self.consequence,
+                    self.metric,
+                )
             return None, False
 
     def take(self) -> int:

@@ -184,8 +184,13 @@ def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool | None]:
                 # The worker interrupts a pair itself (SIGALRM) a little before the hard timeout, so that the common
                 # slow case returns cleanly and only uninterruptible work (one huge big-integer operation) is killed.
                 # It also answers `null` for the pairs it reaches after the batch's time is up.
-                worker.send({"budget_s": 0.8 * VERIFY_TIMEOUT_S, "total_s": deadline - time.monotonic() - slack,
-                             "pairs": pairs[len(results) :]})
+                worker.send(
+                    {
+                        "budget_s": 0.8 * VERIFY_TIMEOUT_S,
+                        "total_s": deadline - time.monotonic() - slack,
+                        "pairs": pairs[len(results) :],
+                    }
+                )
                 while len(results) < len(pairs):
                     timeout = min(VERIFY_TIMEOUT_S, max(deadline - time.monotonic(), 0.0) + slack)
                     verdict = worker.read_result(timeout)
@@ -204,8 +209,11 @@ def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool | None]:
                 raise
     left = len(pairs) - len(results)
     if left and time.monotonic() >= deadline:
-        logger.warning("math_verify: batch deadline (%g s) reached, %d answers compared by exact match only",
-                       VERIFY_BATCH_TIMEOUT_S, left)
+        logger.warning(
+            "math_verify: batch deadline (%g s) reached, %d answers compared by exact match only",
+            VERIFY_BATCH_TIMEOUT_S,
+            left,
+        )
         return results + [None] * left
     return results + [False] * left  # no worker: exact match only
 

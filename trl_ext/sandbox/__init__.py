@@ -38,8 +38,15 @@ from .result import ExecutionResult
 __all__ = ["ExecutionResult", "SandboxPool", "execute", "execute_many", "isolation", "sandbox_interpreter"]
 
 
-def execute(code: str, *, result_var: str | None = None, timeout_s: float = 5.0, memory_mb: int = 512,
-            max_output_bytes: int = 1 << 16, max_value_bytes: int = 1 << 16) -> ExecutionResult:
+def execute(
+    code: str,
+    *,
+    result_var: str | None = None,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_output_bytes: int = 1 << 16,
+    max_value_bytes: int = 1 << 16,
+) -> ExecutionResult:
     """Run `code` in the sandbox and return its `ExecutionResult`; never raises for anything the code does.
 
     Args:
@@ -53,18 +60,27 @@ def execute(code: str, *, result_var: str | None = None, timeout_s: float = 5.0,
             "unreadable result", rejected before the host parses it (parsing costs the host far more memory and time
             than the snippet spent: pass the smallest bound the caller can use).
     """
-    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-                    max_value_bytes=max_value_bytes)
+    limits = Limits(
+        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, max_value_bytes=max_value_bytes
+    )
     return default_pool().run(code, result_var, limits)
 
 
-def execute_many(codes: Sequence[str], *, result_var: str | None = None, timeout_s: float = 5.0,
-                 memory_mb: int = 512, max_workers: int | None = None,
-                 max_output_bytes: int = 1 << 16, max_value_bytes: int = 1 << 16) -> list[ExecutionResult]:
+def execute_many(
+    codes: Sequence[str],
+    *,
+    result_var: str | None = None,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_workers: int | None = None,
+    max_output_bytes: int = 1 << 16,
+    max_value_bytes: int = 1 << 16,
+) -> list[ExecutionResult]:
     """`execute` for a batch, on up to `max_workers` fork servers at once (default: one per available CPU core);
     results in the order of `codes`."""
-    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
-                    max_value_bytes=max_value_bytes)
+    limits = Limits(
+        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, max_value_bytes=max_value_bytes
+    )
     return default_pool().run_many(list(codes), result_var, limits, max_workers)
 
 

@@ -44,8 +44,16 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 22, 38
 SECCOMP_MODE_FILTER, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_SPEC_ALLOW = 2, 1, 4
 KEYCTL_JOIN_SESSION_KEYRING = 1
-MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-               "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+MOUNT_FLAGS = {
+    "ro": MS_RDONLY,
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "strictatime": MS_STRICTATIME,
+}
 NOBODY = 65534
 # Shared, world-writable places (where Unix sockets and shared memory of other programs live): covered by an empty
 # read-only tmpfs. A read-only mount does not stop connect() to a Unix socket; not seeing it does.
@@ -98,10 +106,26 @@ class SyscallFilter:
         # SPEC_ALLOW: no speculative-store-bypass mitigation forced on the snippets (which costs every execution
         # time): it guards a process's own memory against code running in it, and a snippet's process holds
         # nothing but its own request (see Zygote).
-        if self.seccomp_nr is None or libc.syscall(ctypes.c_long(self.seccomp_nr), SECCOMP_SET_MODE_FILTER,
-                                                   SECCOMP_FILTER_FLAG_SPEC_ALLOW, ctypes.byref(self.fprog)) != 0:
-            _check(libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self.fprog),
-                              ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+        if (
+            self.seccomp_nr is None
+            or libc.syscall(
+                ctypes.c_long(self.seccomp_nr),
+                SECCOMP_SET_MODE_FILTER,
+                SECCOMP_FILTER_FLAG_SPEC_ALLOW,
+                ctypes.byref(self.fprog),
+            )
+            != 0
+        ):
+            _check(
+                libc.prctl(
+                    PR_SET_SECCOMP,
+                    ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                    ctypes.byref(self.fprog),
+                    ctypes.c_ulong(0),
+                    ctypes.c_ulong(0),
+                ),
+                "seccomp",
+            )
 
 
 def join_new_session_keyring(keyctl):
@@ -254,8 +278,11 @@ PR_SET_DUMPABLE = 4
 
 
 class LandlockRulesetAttr(ctypes.Structure):
-    _fields_ = (("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64))
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
 
 
 class LandlockPathBeneath(ctypes.Structure):
@@ -270,12 +297,17 @@ def landlock_abi():
 def landlock(abi, readable, writable):
     """Restrict this process (and what it starts) to reading `readable`, reading and writing `writable`, no TCP
     (ABI 4), and no signals or abstract Unix sockets beyond its own domain (ABI 6)."""
-    fs = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0) | (
-        LL_IOCTL_DEV if abi >= 5 else 0)
+    fs = (
+        (1 << 13) - 1
+        | (1 << 13 if abi >= 2 else 0)
+        | (LL_TRUNCATE if abi >= 3 else 0)
+        | (LL_IOCTL_DEV if abi >= 5 else 0)
+    )
     attr = LandlockRulesetAttr(fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
-                           ctypes.c_uint32(0))
+    ruleset = libc.syscall(
+        ctypes.c_long(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
+    )
     if ruleset < 0:
         _check(ruleset, "landlock_create_ruleset")
     try:
@@ -287,8 +319,10 @@ def landlock(abi, readable, writable):
                 continue
             try:
                 rule = LandlockPathBeneath(access & fs if os.path.isdir(path) else access & file_rights, fd)
-                _check(libc.syscall(ctypes.c_long(LANDLOCK_ADD_RULE), ruleset, 1, ctypes.byref(rule), 0),
-                       "landlock_add_rule %s" % path)
+                _check(
+                    libc.syscall(ctypes.c_long(LANDLOCK_ADD_RULE), ruleset, 1, ctypes.byref(rule), 0),
+                    "landlock_add_rule %s" % path,
+                )
             finally:
                 os.close(fd)
         _check(libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), ruleset, 0), "landlock_restrict_self")
@@ -341,18 +375,35 @@ class Server:
         self.landlock = landlock_abi()
         uid = self.config["uid"]
         if self.landlock:
-            self.readable = [p for p in SYSTEM_DIRS + (sys.prefix, sys.base_prefix, sys.exec_prefix)
-                             + tuple(sys.path) + ("/dev/urandom", "/dev/zero") if p]
-            self.missing.append("file system: Landlock (ABI %d) limits reads to the system and interpreter "
-                                "directories and writes to the snippet's own directory" % self.landlock)
-            self.missing.append("network: %s" % ("UDP and Unix sockets can reach the host (Landlock denies TCP)"
-                                                 if self.landlock >= 4 else "sockets can reach the network"))
+            self.readable = [
+                p
+                for p in SYSTEM_DIRS
+                + (sys.prefix, sys.base_prefix, sys.exec_prefix)
+                + tuple(sys.path)
+                + ("/dev/urandom", "/dev/zero")
+                if p
+            ]
+            self.missing.append(
+                "file system: Landlock (ABI %d) limits reads to the system and interpreter "
+                "directories and writes to the snippet's own directory" % self.landlock
+            )
+            self.missing.append(
+                "network: %s"
+                % (
+                    "UDP and Unix sockets can reach the host (Landlock denies TCP)"
+                    if self.landlock >= 4
+                    else "sockets can reach the network"
+                )
+            )
             if self.landlock < 6:
                 self.missing.append("processes: snippets may signal the other processes of uid %d" % uid)
         else:
-            self.missing += ["Landlock unavailable", "network: sockets can reach the network",
-                             "file system: readable and writable wherever uid %d may, /tmp shared" % uid,
-                             "processes: snippets see and may signal the other processes of uid %d" % uid]
+            self.missing += [
+                "Landlock unavailable",
+                "network: sockets can reach the network",
+                "file system: readable and writable wherever uid %d may, /tmp shared" % uid,
+                "processes: snippets see and may signal the other processes of uid %d" % uid,
+            ]
         return None
 
     def describe(self):
@@ -373,13 +424,25 @@ class Server:
         memory = "RLIMIT_AS per snippet; outside its address space it can hold %s%s; %s" % (
             "the 16 MiB of its /tmp" if self.per_child_ns else "files in its directory (file_kb each)",
             " (the system-call filter denies memfd, System V and POSIX shared memory, keyrings, new user namespaces)"
-            if self.filter else " and whatever memfd, shared memory, keyrings or mounts hold",
-            "a cgroup v2 memory controller is delegated here but not used" if self.memory_cgroup
-            else "no cgroup v2 memory controller is delegated here")
+            if self.filter
+            else " and whatever memfd, shared memory, keyrings or mounts hold",
+            "a cgroup v2 memory controller is delegated here but not used"
+            if self.memory_cgroup
+            else "no cgroup v2 memory controller is delegated here",
+        )
         mode = "root" if self.root else "user namespace" if self.namespaces else "unisolated (opted in)"
-        return {"mode": mode, "namespaces": namespaces, "uid": uid, "privileges": privileges, "rlimits": rlimits,
-                "missing": self.missing, "memory": memory,
-                "interpreter": sys.executable, "python": "%d.%d.%d" % sys.version_info[:3], "root": self.root}
+        return {
+            "mode": mode,
+            "namespaces": namespaces,
+            "uid": uid,
+            "privileges": privileges,
+            "rlimits": rlimits,
+            "missing": self.missing,
+            "memory": memory,
+            "interpreter": sys.executable,
+            "python": "%d.%d.%d" % sys.version_info[:3],
+            "root": self.root,
+        }
 
     # -- one execution -------------------------------------------------------------------------------------------
     # The next child is ordered from the zygote ahead of time (`order`, while the current snippet runs): it waits,
@@ -426,8 +489,13 @@ class Server:
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.ENOMEM):
                 raise
-            return {"ok": False, "stdout": "", "error": "sandbox setup failed: %s" % exc, "value_repr": None,
-                    "duration_s": 0.0}
+            return {
+                "ok": False,
+                "stdout": "",
+                "error": "sandbox setup failed: %s" % exc,
+                "value_repr": None,
+                "duration_s": 0.0,
+            }
         workdir = None
         if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
             workdir = "/tmp/trl-ext-sandbox-%s" % os.urandom(16).hex()
@@ -479,8 +547,12 @@ class Server:
                 break
         for fd in open_fds:
             os.close(fd)
-        reply = {"ok": False, "stdout": bytes(out[:cap]).decode("utf-8", "replace"), "error": error,
-                 "value_repr": None}
+        reply = {
+            "ok": False,
+            "stdout": bytes(out[:cap]).decode("utf-8", "replace"),
+            "error": error,
+            "value_repr": None,
+        }
         message = None if error else read_message(bytes(res), nonce, req["max_value_bytes"])
         if message is not None:
             reply.update(message)
@@ -516,7 +588,7 @@ class Server:
     def kill(self, pid):
         """SIGKILL the child: as PID 1 of its namespace its death takes everything it started with it; without a
         PID namespace, its process group."""
-        for target in ((pid,) if self.per_child_ns else (-pid, pid)):
+        for target in (pid,) if self.per_child_ns else (-pid, pid):
             try:
                 os.kill(target, signal.SIGKILL)
             except OSError:
@@ -538,8 +610,10 @@ class Zygote:
         self.landlock, self.readable = server.landlock, getattr(server, "readable", None)
         self.statuses = {}
         if self.per_child_ns:
-            self.own_namespaces = [(kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
-                                   for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))]
+            self.own_namespaces = [
+                (kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
+                for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))
+            ]
 
     @classmethod
     def start(cls, server):
@@ -611,8 +685,10 @@ class Zygote:
             os.close(out_r), os.close(res_r), os.close(req_w)
             self.sock.close()
             child(req_r, out_w, res_w, self)  # never returns
-        self.sock.sendmsg([json.dumps({"pid": pid}).encode()],
-                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [req_w, out_r, res_r]))])
+        self.sock.sendmsg(
+            [json.dumps({"pid": pid}).encode()],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [req_w, out_r, res_r]))],
+        )
         for fd in fds:
             os.close(fd)
 
@@ -621,8 +697,14 @@ class Zygote:
             return os.fork()
         unshare(self.per_child_ns)
         try:
-            mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%dk,nr_inodes=1024,mode=0700%s" % (
-                TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""))
+            mount(
+                "tmpfs",
+                "/tmp",
+                "tmpfs",
+                MS_NOSUID | MS_NODEV,
+                "size=%dk,nr_inodes=1024,mode=0700%s"
+                % (TMP_KB, ",uid=%d,gid=%d" % (NOBODY, NOBODY) if self.root else ""),
+            )
             pid = os.fork()
         except BaseException:
             self.restore_namespaces()
@@ -699,8 +781,7 @@ def child(req_r, out_w, res_w, zygote):
         elif zygote.per_child_ns:
             drop_capabilities()
         os.environ.clear()
-        os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin",
-                           "LANG": "C.UTF-8"})
+        os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
         if zygote.landlock:
             landlock(zygote.landlock, zygote.readable, [os.getcwd(), "/dev/null"])
     except BaseException as exc:
@@ -714,7 +795,7 @@ def read_message(res, nonce, max_value_bytes):
     if not res.startswith(nonce.encode()):
         return None
     try:
-        message = json.loads(res[len(nonce):].decode())
+        message = json.loads(res[len(nonce) :].decode())
     except (ValueError, RecursionError):  # the snippet knows its nonce: a deeply nested forgery must not kill us
         return None
     if not isinstance(message, dict):
@@ -730,7 +811,7 @@ def read_message(res, nonce, max_value_bytes):
 def write_all(fd, data):
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def remove_tree(path):
@@ -801,8 +882,13 @@ def main():
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.ENOMEM):
                 raise
-            reply = {"ok": False, "stdout": "", "error": "sandbox could not fork: %s" % exc.strerror,
-                     "value_repr": None, "duration_s": 0.0}
+            reply = {
+                "ok": False,
+                "stdout": "",
+                "error": "sandbox could not fork: %s" % exc.strerror,
+                "value_repr": None,
+                "duration_s": 0.0,
+            }
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

@@ -19,8 +19,10 @@ import sys
 ENV_VAR = "TRL_EXT_SANDBOX_PYTHON"
 NOBODY = 65534
 # What the fork server and its children import: a candidate that cannot do this as uid 65534 is not usable.
-_PROBE = ("import array, ctypes, json, resource, select, socket, fractions, sys; assert sys.version_info >= (3, 10); "
-          "print('ok')")
+_PROBE = (
+    "import array, ctypes, json, resource, select, socket, fractions, sys; assert sys.version_info >= (3, 10); "
+    "print('ok')"
+)
 
 
 def _candidates() -> list[str]:
@@ -40,8 +42,16 @@ def _candidates() -> list[str]:
 def usable_as(path: str, uid: int) -> bool:
     """Whether `path` runs the fork server's imports as `uid` (checked by running it, so ACLs and modes count)."""
     try:
-        done = subprocess.run([path, "-s", "-S", "-c", _PROBE], user=uid, group=uid, extra_groups=[], cwd="/",
-                              env={}, capture_output=True, timeout=60)
+        done = subprocess.run(
+            [path, "-s", "-S", "-c", _PROBE],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            cwd="/",
+            env={},
+            capture_output=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0 and done.stdout.strip() == b"ok"

@@ -57,8 +57,7 @@ class Limits:
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s!r}.")
         if self.memory_mb < 64:
-            raise ValueError(f"memory_mb must be >= 64 (the interpreter itself maps ~20 MB), "
-                             f"got {self.memory_mb!r}.")
+            raise ValueError(f"memory_mb must be >= 64 (the interpreter itself maps ~20 MB), got {self.memory_mb!r}.")
         for name in ("max_output_bytes", "max_value_bytes", "file_kb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
@@ -71,7 +70,11 @@ class ForkServer:
         config = {**server_config(), "allow_unisolated": allow_unisolated, "home": os.path.expanduser("~")}
         self.proc = subprocess.Popen(
             [interpreter, "-s", "-S", "-B", "-c", SERVER_SOURCE.read_text(), json.dumps(config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env=SERVER_ENV,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env=SERVER_ENV,
         )
         self._pending = b""
         hello = self._read_line(time.monotonic() + 60)
@@ -89,7 +92,8 @@ class ForkServer:
                 f"root or where unprivileged user namespaces are allowed (Docker's default profile and recent "
                 f"Ubuntu refuse them), or accept this explicitly with {ALLOW_ENV}=1 or "
                 f"SandboxPool(allow_unisolated=True): snippets then run with rlimits, the system-call filter, "
-                f"Landlock where the kernel has it, and this process not dumpable.")
+                f"Landlock where the kernel has it, and this process not dumpable."
+            )
         if self.info.get("mode") == "unisolated (opted in)":  # (a server of an older design has no mode)
             make_undumpable()
 
@@ -108,9 +112,15 @@ class ForkServer:
 
     def request(self, code: str, result_var: str | None, limits: Limits) -> dict | None:
         """The server's reply, or None when it died or hung (the caller then discards it)."""
-        req = {"code": code, "result_var": result_var, "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb,
-               "max_output_bytes": limits.max_output_bytes, "max_value_bytes": limits.max_value_bytes,
-               "file_kb": limits.file_kb}
+        req = {
+            "code": code,
+            "result_var": result_var,
+            "timeout_s": limits.timeout_s,
+            "memory_mb": limits.memory_mb,
+            "max_output_bytes": limits.max_output_bytes,
+            "max_value_bytes": limits.max_value_bytes,
+            "file_kb": limits.file_kb,
+        }
         try:
             self.proc.stdin.write(json.dumps(req).encode() + b"\n")
             self.proc.stdin.flush()
@@ -164,8 +174,9 @@ def to_result(reply: dict, result_var: str | None, limits: Limits) -> ExecutionR
                 repr(value)  # printing a result must not raise (an int beyond sys.get_int_max_str_digits() does)
             except Exception as exc:  # SyntaxError, ValueError, RecursionError, MemoryError ...: a hostile repr
                 ok, error, value = False, f"unreadable result: not a Python literal ({type(exc).__name__})", None
-    return ExecutionResult(ok=ok, stdout=reply["stdout"], error=error, value=value, value_repr=text,
-                           duration_s=reply["duration_s"])
+    return ExecutionResult(
+        ok=ok, stdout=reply["stdout"], error=error, value=value, value_repr=text, duration_s=reply["duration_s"]
+    )
 
 
 class SandboxPool:
@@ -192,8 +203,11 @@ class SandboxPool:
             self._servers.append(server)
             if server.info["missing"] and not self._warned:
                 self._warned = True
-                warnings.warn("The sandbox is not fully isolated here: " + "; ".join(server.info["missing"]),
-                              RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    "The sandbox is not fully isolated here: " + "; ".join(server.info["missing"]),
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         return server
 
     def _discard(self, server: ForkServer):
@@ -210,8 +224,9 @@ class SandboxPool:
         self._idle.put(server)
         return to_result(reply, result_var, limits)
 
-    def run_many(self, codes: Sequence[str], result_var: str | None, limits: Limits,
-                 max_workers: int | None) -> list[ExecutionResult]:
+    def run_many(
+        self, codes: Sequence[str], result_var: str | None, limits: Limits, max_workers: int | None
+    ) -> list[ExecutionResult]:
         workers = max_workers if max_workers is not None else len(os.sched_getaffinity(0))
         if workers < 1:
             raise ValueError(f"max_workers must be >= 1 (or None for one per CPU core), got {max_workers!r}.")

@@ -21,24 +21,69 @@ import errno
 import tempfile
 
 
-CLONE_NEW_FLAGS = {"CLONE_NEWTIME": 0x80, "CLONE_NEWNS": 0x20000, "CLONE_NEWCGROUP": 0x2000000,
-                   "CLONE_NEWUTS": 0x4000000, "CLONE_NEWIPC": 0x8000000, "CLONE_NEWUSER": 0x10000000,
-                   "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000}
+CLONE_NEW_FLAGS = {
+    "CLONE_NEWTIME": 0x80,
+    "CLONE_NEWNS": 0x20000,
+    "CLONE_NEWCGROUP": 0x2000000,
+    "CLONE_NEWUTS": 0x4000000,
+    "CLONE_NEWIPC": 0x8000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
 ZYGOTE_NAMESPACES = ("CLONE_NEWNS", "CLONE_NEWIPC", "CLONE_NEWPID")  # unshared by the zygote for each child
 KEYCTL_JOIN_SESSION_KEYRING = 1
 DENIED = (
     # mounts (beyond the zygote's own)
-    "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
     "mount_setattr",
     # keyrings (keyctl: see below)
-    "add_key", "request_key",
+    "add_key",
+    "request_key",
     # memory that RLIMIT_AS does not count
-    "memfd_create", "memfd_secret", "shmget", "shmat", "msgget", "msgsnd", "semget", "mq_open",
+    "memfd_create",
+    "memfd_secret",
+    "shmget",
+    "shmat",
+    "msgget",
+    "msgsnd",
+    "semget",
+    "mq_open",
     # other processes and large kernel interfaces
-    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp", "bpf",
-    "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "fanotify_init",
-    "open_by_handle_at", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "acct",
-    "quotactl", "swapon", "swapoff", "syslog", "vhangup", "lookup_dcookie",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "process_madvise",
+    "pidfd_getfd",
+    "kcmp",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "fanotify_init",
+    "open_by_handle_at",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "acct",
+    "quotactl",
+    "swapon",
+    "swapoff",
+    "syslog",
+    "vhangup",
+    "lookup_dcookie",
 )
 
 

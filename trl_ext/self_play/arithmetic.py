@@ -31,8 +31,12 @@ MAX_DENOMINATOR = 10**6
 MAX_DECIMALS = 4
 MAX_ANSWER_CHARS = 64
 
-_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b}
+_BINARY = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 _UNARY = {ast.UAdd: lambda a: a, ast.USub: lambda a: -a}
 _SYMBOLS = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-"})
 _EXPRESSION_CHARS = re.compile(r"[0-9+\-*/(). ]+")
@@ -94,8 +98,16 @@ def safe_evaluate(expression: Any) -> Fraction | None:
         if not any(isinstance(node, ast.BinOp) for node in ast.walk(tree)):
             return None  # a bare number is not a question
         return _evaluate(tree)
-    except (_Invalid, SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError, MemoryError,
-            OverflowError):
+    except (
+        _Invalid,
+        SyntaxError,
+        ValueError,
+        TypeError,
+        ZeroDivisionError,
+        RecursionError,
+        MemoryError,
+        OverflowError,
+    ):
         return None
 
 
@@ -197,9 +209,14 @@ PROPOSER_PROMPT = (
     "inside <question></question>, for example <question>12 * 3 - 5</question>."
 )
 HINTS = [
-    "adding two numbers below 20", "subtracting two two-digit numbers", "multiplying two one-digit numbers",
-    "multiplying a two-digit number by a one-digit number", "with three numbers and two different operations",
-    "with parentheses", "dividing a number evenly", "mixing addition and multiplication",
+    "adding two numbers below 20",
+    "subtracting two two-digit numbers",
+    "multiplying two one-digit numbers",
+    "multiplying a two-digit number by a one-digit number",
+    "with three numbers and two different operations",
+    "with parentheses",
+    "dividing a number evenly",
+    "mixing addition and multiplication",
 ]
 SOLVER_SYSTEM_PROMPT = (
     "Answer the question. Give only the final number inside <answer></answer>. Example: <answer>7</answer>"
@@ -209,8 +226,9 @@ SOLVER_SYSTEM_PROMPT = (
 def seed_prompts(n: int, seed: int = 0) -> Dataset:
     """`n` proposer prompts (conversational `prompt` column), each asking for a question of a drawn kind."""
     rng = random.Random(seed)
-    rows = [{"prompt": [{"role": "user", "content": PROPOSER_PROMPT.format(hint=rng.choice(HINTS))}]}
-            for _ in range(n)]
+    rows = [
+        {"prompt": [{"role": "user", "content": PROPOSER_PROMPT.format(hint=rng.choice(HINTS))}]} for _ in range(n)
+    ]
     return Dataset.from_list(rows)
 
 
@@ -225,14 +243,20 @@ def _quotient(rng: random.Random) -> str:
 
 # The held-out set's difficulty levels, each a mix of the kinds of question the proposer prompts ask for (HINTS).
 HELDOUT_LEVELS = {
-    1: [lambda rng: f"{rng.randint(1, 19)} + {rng.randint(1, 19)}",
-        lambda rng: f"{rng.randint(2, 9)} * {rng.randint(2, 9)}"],
-    2: [lambda rng: f"{rng.randint(10, 99)} - {rng.randint(10, 99)}",
+    1: [
+        lambda rng: f"{rng.randint(1, 19)} + {rng.randint(1, 19)}",
+        lambda rng: f"{rng.randint(2, 9)} * {rng.randint(2, 9)}",
+    ],
+    2: [
+        lambda rng: f"{rng.randint(10, 99)} - {rng.randint(10, 99)}",
         lambda rng: f"{rng.randint(11, 99)} * {rng.randint(2, 9)}",
-        _quotient],
-    3: [lambda rng: f"{rng.randint(2, 30)} + {rng.randint(2, 9)} * {rng.randint(2, 9)}",
+        _quotient,
+    ],
+    3: [
+        lambda rng: f"{rng.randint(2, 30)} + {rng.randint(2, 9)} * {rng.randint(2, 9)}",
         lambda rng: f"{rng.randint(2, 12)} * {rng.randint(2, 12)} - {rng.randint(1, 30)}",
-        lambda rng: f"({rng.randint(1, 20)} + {rng.randint(1, 20)}) * {rng.randint(2, 9)}"],
+        lambda rng: f"({rng.randint(1, 20)} + {rng.randint(1, 20)}) * {rng.randint(2, 9)}",
+    ],
 }
 HELDOUT_SIZE = 50
 MAX_HELDOUT = 600  # level 1 has 425 distinct questions: drawing more than 200 of them would slow to a crawl
@@ -268,7 +292,11 @@ def arithmetic_task(lenient: bool = False) -> TaskFamily:
         reward_weights=[1.0, 0.5],
         heldout_questions=heldout_questions,
         heldout_breakdown="level",
-        learning_curves=("unified_filter/learnable_ratio", "repropose/total_attempts", "proposer/reward_mean",
-                         "solver/numeric_match_mean"),
+        learning_curves=(
+            "unified_filter/learnable_ratio",
+            "repropose/total_attempts",
+            "proposer/reward_mean",
+            "solver/numeric_match_mean",
+        ),
         card_metrics={"solver accuracy": "solver/numeric_match_mean"},
     )

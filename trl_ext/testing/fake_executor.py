@@ -25,8 +25,9 @@ class FakeExecutor:
         self.programs = {text.strip(): fn for text, fn in programs.items()}
         self.calls: list[int] = []
 
-    def __call__(self, snippets, *, result_var=None, timeout_s=5.0, memory_mb=512, max_workers=None,
-                 max_value_bytes=1 << 16):
+    def __call__(
+        self, snippets, *, result_var=None, timeout_s=5.0, memory_mb=512, max_workers=None, max_value_bytes=1 << 16
+    ):
         assert result_var == RESULT_VAR
         self.calls.append(len(snippets))
         return [self.run(snippet) for snippet in snippets]

@@ -67,8 +67,9 @@ class ScriptedGeneration:
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         offset = self.trainer.accelerator.process_index * len(prompt_ids)  # rows of lower ranks come first
-        outputs = [self.script(self.tokenizer.decode(ids), (offset + i) % num_generations)
-                   for i, ids in enumerate(prompt_ids)]
+        outputs = [
+            self.script(self.tokenizer.decode(ids), (offset + i) % num_generations) for i, ids in enumerate(prompt_ids)
+        ]
         if outputs and all(out is None for out in outputs):
             # the script hands this call to the model: the trainer's own generation path samples it
             return type(self.trainer)._generate_single_turn(
@@ -82,8 +83,9 @@ class ScriptedGeneration:
                 out = self.tokenizer.encode(out, add_special_tokens=False) + [self.tokenizer.eos_token_id]
             completion_ids.append([int(t) for t in out])
         # A copy: TRL's tool loop extends the returned lists in place with tool output and the next turn.
-        self.calls.append(GenerationCall([list(map(int, p)) for p in prompt_ids], num_generations,
-                                         [list(c) for c in completion_ids]))
+        self.calls.append(
+            GenerationCall([list(map(int, p)) for p in prompt_ids], num_generations, [list(c) for c in completion_ids])
+        )
         return completion_ids, None
 
     def __enter__(self) -> ScriptedGeneration:

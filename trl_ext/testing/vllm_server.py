@@ -54,8 +54,15 @@ class LoopbackVLLMServer:
         weight_updates: number of completed weight updates.
     """
 
-    def __init__(self, model, tokenizer, model_name: str = "loopback-model", script=None,
-                 max_model_len: int | None = None, perturb: float = 0.0):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        model_name: str = "loopback-model",
+        script=None,
+        max_model_len: int | None = None,
+        perturb: float = 0.0,
+    ):
         self.model = copy.deepcopy(model).eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -200,8 +207,13 @@ class LoopbackVLLMServer:
                 for completion_ids, logps in self._sample(prompt_ids, n, body):
                     choices.append(self._choice(len(choices), prompt_ids, completion_ids, logps, body))
         self.requests.append({"body": body, "choices": choices})
-        return {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices}
+        return {
+            "id": f"cmpl-{len(self.requests)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+        }
 
     def _choice(self, index, prompt_ids, completion_ids, logps, body) -> dict:
         logprobs = None
@@ -212,8 +224,9 @@ class LoopbackVLLMServer:
                 "token_logprobs": logps,
                 "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, logps, strict=True)],
             }
-        finished = bool(completion_ids) and (completion_ids[-1] in self.eos_token_ids
-                                             or self._stopped(completion_ids, body))
+        finished = bool(completion_ids) and (
+            completion_ids[-1] in self.eos_token_ids or self._stopped(completion_ids, body)
+        )
         return {
             "index": index,
             "text": self.tokenizer.decode(completion_ids, skip_special_tokens=True),
@@ -251,8 +264,10 @@ class LoopbackVLLMServer:
         temperature = float(body.get("temperature", 1.0))
         if self.script is not None:
             text = self.tokenizer.decode(prompt_ids)
-            scripted = [self.tokenizer.encode(self.script(text, j), add_special_tokens=False)
-                        + [self.tokenizer.eos_token_id] for j in range(n)]
+            scripted = [
+                self.tokenizer.encode(self.script(text, j), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+                for j in range(n)
+            ]
             scripted = [self._cut_at_stop(ids[: int(body.get("max_tokens", 16))], body) for ids in scripted]
             return [(ids, self._logprobs(prompt_ids, ids, max(temperature, 1e-6))) for ids in scripted]
         top_k = int(body.get("top_k") or 0)
@@ -324,6 +339,8 @@ def vllm_server_mode(server: LoopbackVLLMServer):
         stack.enter_context(mock.patch.object(vllm_client, "is_vllm_available", lambda *a, **k: True))
         stack.enter_context(mock.patch.object(vllm_client.VLLMClient, "init_communicator", init_communicator))
         stack.enter_context(mock.patch.object(vllm_client, "_HAS_STATEFUL_TRAINER_ENGINE", False))
-        stack.enter_context(mock.patch.object(vllm_client, "NCCLWeightTransferEngine", _LoopbackWeightTransfer, create=True))
+        stack.enter_context(
+            mock.patch.object(vllm_client, "NCCLWeightTransferEngine", _LoopbackWeightTransfer, create=True)
+        )
         stack.enter_context(mock.patch.object(vllm_client, "NCCLTrainerSendWeightsArgs", _ChannelArgs, create=True))
         yield server

@@ -98,8 +98,11 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
     )
     proposer_reward_mode: str = field(
         default="learnability",
-        metadata={"help": "'learnability' (1/0/penalty), 'azr' (1 - solve rate, else 0) or 'azr_code' (else "
-                  "uniform_question_reward).", "choices": list(MODES)},
+        metadata={
+            "help": "'learnability' (1/0/penalty), 'azr' (1 - solve rate, else 0) or 'azr_code' (else "
+            "uniform_question_reward).",
+            "choices": list(MODES),
+        },
     )
     repropose_penalty: float = field(
         default=-0.5, metadata={"help": "Proposer reward of a prompt unresolved after the last repropose attempt."}
@@ -108,7 +111,8 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
         default=-1.0, metadata={"help": "Proposer reward of an unparsable proposal."}
     )
     uniform_question_reward: float = field(
-        default=-0.5, metadata={"help": "azr_code mode: proposer reward of a question all or none of its responses solve."}
+        default=-0.5,
+        metadata={"help": "azr_code mode: proposer reward of a question all or none of its responses solve."},
     )
     proposer_rows: str = field(
         default="selected",

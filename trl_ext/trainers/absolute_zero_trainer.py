@@ -63,8 +63,18 @@ logger = logging.getLogger(__name__)
 SOLVER, PROPOSER = 0, 1  # row kinds
 # Keyword arguments TRL passes to reward functions itself (and the prompt, which the solver prompt replaces), and
 # `environment`, with which a seed row picks one of several environments (a proposal must not choose it).
-_RESERVED = {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra",
-             "log_metric", "environments", "environment"}
+_RESERVED = {
+    "prompt",
+    "prompts",
+    "completion",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+    "environment",
+}
 
 
 class _EpisodesGenerated(Exception):  # a control-flow signal, not an error
@@ -175,26 +185,47 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         ),
     }
 
-    def __init__(self, model, reward_funcs=None, args: AbsoluteZeroConfig | None = None, parse_question=None,
-                 solver_prompt_fn=None, task_state=None, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: AbsoluteZeroConfig | None = None,
+        parse_question=None,
+        solver_prompt_fn=None,
+        task_state=None,
+        **kwargs,
+    ):
         args = checked_args(args, AbsoluteZeroConfig, "AbsoluteZero")
-        refuse_rollout_func(kwargs, "AbsoluteZeroTrainer", "it generates both row kinds itself (propose, solve, "
-                            "repropose), and a rollout_func would replace that generation for the proposer as well. "
-                            "For multi-step solver episodes pass `environment_factory` or `tools`, which run inside "
-                            "TRL's generation.")
+        refuse_rollout_func(
+            kwargs,
+            "AbsoluteZeroTrainer",
+            "it generates both row kinds itself (propose, solve, "
+            "repropose), and a rollout_func would replace that generation for the proposer as well. "
+            "For multi-step solver episodes pass `environment_factory` or `tools`, which run inside "
+            "TRL's generation.",
+        )
         if not reward_funcs and kwargs.get("environment_factory") is None:
             raise ValueError(
                 "reward_funcs must hold at least one solver reward function (e.g. a numeric match), unless an "
                 "environment_factory whose environment defines `get_reward` scores the solver."
             )
-        check_datasets(kwargs, partial(check_conversational_prompts, required={"prompt": "it must hold the seed prompts"},
-                                       why="the proposer and solver prompts go through the chat template"))
+        check_datasets(
+            kwargs,
+            partial(
+                check_conversational_prompts,
+                required={"prompt": "it must hold the seed prompts"},
+                why="the proposer and solver prompts go through the chat template",
+            ),
+        )
         with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per row kind below
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
-        self._generation = turn_generations(self, {
-            "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
-            "proposer": (args.proposer_generation_kwargs, None),
-        })
+        self._generation = turn_generations(
+            self,
+            {
+                "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
+                "proposer": (args.proposer_generation_kwargs, None),
+            },
+        )
         use_turn_generation(self, self._generation["solver"])
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
@@ -246,12 +277,19 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         if any(r.tool_mask is not None for r in rows):
             tool_mask = [r.tool_mask if r.tool_mask is not None else [1] * len(r.completion_ids) for r in rows]
         generation = (
-            [r.prompt_ids for r in rows], [r.completion_ids for r in rows], tool_mask, [r.completion for r in rows],
-            None if any(lp is None for lp in logprobs) else logprobs, {}, None, [],
+            [r.prompt_ids for r in rows],
+            [r.completion_ids for r in rows],
+            tool_mask,
+            [r.completion for r in rows],
+            None if any(lp is None for lp in logprobs) else logprobs,
+            {},
+            None,
+            [],
         )
         rewards = rewards.to(self.accelerator.device)
-        return scoped_call(self, _generate=lambda prompts: generation,
-                           _calculate_rewards=lambda *args: rewards, **self._no_tools())
+        return scoped_call(
+            self, _generate=lambda prompts: generation, _calculate_rewards=lambda *args: rewards, **self._no_tools()
+        )
 
     def _no_tools(self) -> dict:
         """Attributes that switch TRL's tools and environments off for one call (proposer rows, replayed batches)."""
@@ -286,15 +324,29 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         padded = items + [items[0]] * (per_process * world - len(items))
         return padded[local_rows(self.accelerator, per_process)]
 
-    def _generate_rows(self, play: _SelfPlay, prompts: list, num_generations: int, prefix: str | None,
-                       max_new_tokens: int | None, inputs: list[dict] | None = None) -> list[_Generated]:
+    def _generate_rows(
+        self,
+        play: _SelfPlay,
+        prompts: list,
+        num_generations: int,
+        prefix: str | None,
+        max_new_tokens: int | None,
+        inputs: list[dict] | None = None,
+    ) -> list[_Generated]:
         """One `_generate` call on this process's rows; returns every process's rows, in process order.
 
         Proposer rows (`inputs` None) are generated from `prompts` without tools; solver rows run as episodes of
         their input rows (`_episodes`)."""
         generation = self._generation["proposer" if inputs is None else "solver"]
-        with scoped_call(self, mode=play.mode, prefix=prefix, max_new_tokens=max_new_tokens, generation=generation,
-                         num_generations=num_generations, num_generations_eval=num_generations):
+        with scoped_call(
+            self,
+            mode=play.mode,
+            prefix=prefix,
+            max_new_tokens=max_new_tokens,
+            generation=generation,
+            num_generations=num_generations,
+            num_generations_eval=num_generations,
+        ):
             if inputs is None:
                 with scoped_call(self, **self._no_tools()):
                     output = self._generate(prompts)
@@ -303,9 +355,10 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         prompt_ids, completion_ids, tool_mask, completions, logprobs, _, _, _ = output
         logprobs = logprobs or [None] * len(prompts)
         tool_mask = tool_mask or [None] * len(prompts)
-        local = [_Generated(list(map(int, p)), list(map(int, c)), lp, comp, None if tm is None else list(map(int, tm)))
-                 for p, c, lp, comp, tm in zip(prompt_ids, completion_ids, logprobs, completions, tool_mask,
-                                               strict=True)]
+        local = [
+            _Generated(list(map(int, p)), list(map(int, c)), lp, comp, None if tm is None else list(map(int, tm)))
+            for p, c, lp, comp, tm in zip(prompt_ids, completion_ids, logprobs, completions, tool_mask, strict=True)
+        ]
         rows = gather_object(local)
         play.generation_calls += 1
         play.generated[f"{prefix or 'solver'}_rows"] += len(rows)
@@ -330,8 +383,9 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         if not isinstance(question, dict):
             return None
         # Fields become reward-function keyword arguments: a model-written name must not collide with TRL's own.
-        question = {k: v for k, v in question.items() if isinstance(k, str) and k.isidentifier()
-                    and k not in _RESERVED}
+        question = {
+            k: v for k, v in question.items() if isinstance(k, str) and k.isidentifier() and k not in _RESERVED
+        }
         return {**question, **(context or {})} if question else None  # the model cannot overwrite the context
 
     def _task_state_verdicts(self, slots: list[tuple[int, int]], groups: list[_Group]) -> None:
@@ -370,7 +424,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         prompts = [groups[p].prompt for p in share for _ in range(k)]
         proposals = self._generate_rows(play, prompts, k, "proposer", args.max_question_length)
         for j, p in enumerate(pending):  # the padding copies come after the real prompts
-            groups[p].proposals = proposals[j * k:(j + 1) * k]
+            groups[p].proposals = proposals[j * k : (j + 1) * k]
 
     def _validate(self, play: _SelfPlay, pending: list[int]) -> list[tuple[int, int]]:
         """Parse the pending prompts' proposals into questions, have the task state check them, and build each valid
@@ -407,9 +461,11 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         responses = self._generate_rows(play, prompts, group_size, None, None, inputs)
         local = responses[local_rows(self.accelerator, len(inputs))]
         # `self.environments` still holds this round's episodes: environment scores are recorded now.
-        rewards = super()._calculate_rewards(
-            inputs, prompts, [r.completion for r in local], [r.completion_ids for r in local]
-        ).cpu()
+        rewards = (
+            super()
+            ._calculate_rewards(inputs, prompts, [r.completion for r in local], [r.completion_ids for r in local])
+            .cpu()
+        )
         # Columns logged by reward functions describe rows that may not be kept; TRL's table has no place for them.
         self._pending_extra_logs.clear()
         for n, (p, i) in enumerate(valid):
@@ -442,7 +498,8 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                 logger.warning(
                     "solver_prompt_template names {%s}, which a parsed question lacks (its fields: %s): it renders "
                     "empty. A typo in the template? `warnings/solver_prompt_missing_fields` counts such questions.",
-                    name, sorted(question),
+                    name,
+                    sorted(question),
                 )
         return bool(missing)
 
@@ -477,16 +534,24 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         rng = self._selection_rng()
         play.selected = [select_question(g.learnable, rng) for g in play.groups]
         play.proposer_rewards = [
-            proposer_rewards(g.learnable, g.solve_rates, choice is None, args.proposer_reward_mode,
-                             args.invalid_question_reward, args.repropose_penalty, args.uniform_question_reward)
+            proposer_rewards(
+                g.learnable,
+                g.solve_rates,
+                choice is None,
+                args.proposer_reward_mode,
+                args.invalid_question_reward,
+                args.repropose_penalty,
+                args.uniform_question_reward,
+            )
             for g, choice in zip(play.groups, play.selected, strict=True)
         ]
 
         # The batch: TRL builds each kind's rows from the recorded generations, solver rows first
         solver = self._solver_batch(play, len(inputs))
         proposer, num_proposer_rows = self._proposer_batch(play)
-        batch = concat_row_kinds({SOLVER: solver, PROPOSER: proposer}, KIND_KEY, self._tokenizer.pad_token_id,
-                                 self.accelerator)
+        batch = concat_row_kinds(
+            {SOLVER: solver, PROPOSER: proposer}, KIND_KEY, self._tokenizer.pad_token_id, self.accelerator
+        )
 
         self._log_self_play(play, num_proposer_rows)
         return batch
@@ -545,10 +610,20 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
-        with scoped_call(self, mode=play.mode, prefix="proposer", num_generations=1, num_generations_eval=1,
-                         reward_func_names=["proposer"], reward_weights=torch.ones(1),
-                         multi_objective_aggregation="sum_then_normalize", _logs=_empty_logs()), \
-                self._replaying(rows, real.unsqueeze(1)):
+        with (
+            scoped_call(
+                self,
+                mode=play.mode,
+                prefix="proposer",
+                num_generations=1,
+                num_generations_eval=1,
+                reward_func_names=["proposer"],
+                reward_weights=torch.ones(1),
+                multi_objective_aggregation="sum_then_normalize",
+                _logs=_empty_logs(),
+            ),
+            self._replaying(rows, real.unsqueeze(1)),
+        ):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device
         batch["advantages"] = advantages[local].to(device)
@@ -620,6 +695,11 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
 
 
 def _empty_logs():
-    return {"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
-            "extra": defaultdict(list)}
-
+    return {
+        "images": [],
+        "prompt": [],
+        "completion": [],
+        "rewards": defaultdict(list),
+        "advantages": [],
+        "extra": defaultdict(list),
+    }

@@ -44,8 +44,9 @@ class VLLMContextLimit:
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         context = self._vllm_context_length() if self.use_vllm else None
         if context is None:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         # the turn's length (the configs refuse `max_tokens` in generation kwargs)
         max_tokens = self.vllm_generation.max_completion_length
         if max_tokens + 1 > context:
@@ -58,8 +59,9 @@ class VLLMContextLimit:
         over = [len(ids) + max_tokens > context for ids in prompt_ids]
         stand_in = [self._tokenizer.eos_token_id]
         sent = [stand_in if too_long else ids for ids, too_long in zip(prompt_ids, over, strict=True)]
-        completion_ids, logprobs = super()._generate_single_turn(sent, images, multimodal_fields, num_generations,
-                                                                 has_tool_images)
+        completion_ids, logprobs = super()._generate_single_turn(
+            sent, images, multimodal_fields, num_generations, has_tool_images
+        )
         # TRL's batch code needs a token per completion: an end-of-sequence token alone, with a NaN log-prob (TRL
         # gives such tokens no sampler correction and leaves them out of its metrics).
         completion_ids = [stand_in if too_long else ids for ids, too_long in zip(completion_ids, over, strict=True)]

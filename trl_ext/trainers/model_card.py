@@ -37,8 +37,12 @@ class ModelCardMixin:
 
     _card_details: dict = {}
 
-    def set_model_card_details(self, dataset_name: str | None = None, dataset_description: str | None = None,
-                               results: Mapping[str, Any] | None = None) -> None:
+    def set_model_card_details(
+        self,
+        dataset_name: str | None = None,
+        dataset_description: str | None = None,
+        results: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record the card's data and results.
 
         Args:
@@ -47,11 +51,15 @@ class ModelCardMixin:
                 built-in generator).
             results: Headline metrics of the run, e.g. `{"ECE before": 0.31, "ECE after": 0.12}`.
         """
-        self._card_details = {"dataset_name": dataset_name, "dataset_description": dataset_description,
-                              "results": dict(results or {})}
+        self._card_details = {
+            "dataset_name": dataset_name,
+            "dataset_description": dataset_description,
+            "results": dict(results or {}),
+        }
 
-    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
-                          tags: str | list[str] | None = None):
+    def create_model_card(
+        self, model_name: str | None = None, dataset_name: str | None = None, tags: str | list[str] | None = None
+    ):
         if not self.is_world_process_zero():
             return
         details = self._card_details
@@ -61,10 +69,11 @@ class ModelCardMixin:
         base, local = resolve_base_model(getattr(config, "_name_or_path", None))
         # TRL reads the base model from the config and the quick-start model id from `hub_model_id`: give it the
         # resolved Hub id, and the output directory for a card that stays local.
-        with scoped_call(config, _name_or_path=base or ""), \
-                scoped_call(self, hub_model_id=self.hub_model_id or str(output_dir)):
-            super().create_model_card(model_name=model_name or output_dir.name, dataset_name=dataset_name,
-                                      tags=tags)
+        with (
+            scoped_call(config, _name_or_path=base or ""),
+            scoped_call(self, hub_model_id=self.hub_model_id or str(output_dir)),
+        ):
+            super().create_model_card(model_name=model_name or output_dir.name, dataset_name=dataset_name, tags=tags)
         self._complete_card(output_dir / "README.md", base, local, details)
 
     def _complete_card(self, path: Path, base: str | None, local: str | None, details: dict) -> None:
@@ -76,8 +85,11 @@ class ModelCardMixin:
             where = f"the local checkpoint `{local}`" if local else "a model whose name was not recorded"
             text = text.replace("[None](https://huggingface.co/None)", where)
         elif local is not None:
-            text = text.replace("It has been trained using", f"It started from the local checkpoint `{local}`.\n"
-                                "It has been trained using", 1)
+            text = text.replace(
+                "It has been trained using",
+                f"It started from the local checkpoint `{local}`.\nIt has been trained using",
+                1,
+            )
 
         section = []
         if details.get("dataset_description"):

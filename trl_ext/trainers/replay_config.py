@@ -74,7 +74,9 @@ class ReplayGRPOConfig(TrlExtGRPOConfig):
             prompt.
     """
 
-    replay_start_ratio: float = field(default=0.35, metadata={"help": "Replay starts at global_step / max_steps >= this."})
+    replay_start_ratio: float = field(
+        default=0.35, metadata={"help": "Replay starts at global_step / max_steps >= this."}
+    )
     replay_start_solve_rate: float | None = field(
         default=None, metadata={"help": "Also start replay once a batch's fresh solve rate exceeds this."}
     )

@@ -98,9 +98,16 @@ class CollectedRow:
         self.entropy = float(masked_mean_entropy(entropies.detach()[None], mask[None]).item())
 
     def trajectory_fields(self, step: int) -> dict:
-        return {"completion_ids": self.completion_ids, "logps": self.logps, "reward": self.reward,
-                "entropy": self.entropy, "policy_version": step, "tool_mask": self.tool_mask,
-                "completion": self.completion, "env_rewards": self.env_rewards}
+        return {
+            "completion_ids": self.completion_ids,
+            "logps": self.logps,
+            "reward": self.reward,
+            "entropy": self.entropy,
+            "policy_version": step,
+            "tool_mask": self.tool_mask,
+            "completion": self.completion,
+            "env_rewards": self.env_rewards,
+        }
 
 
 @dataclass
@@ -170,14 +177,19 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
 
     def __init__(self, model, reward_funcs=None, args: ReplayGRPOConfig | None = None, **kwargs):
         args = checked_args(args, ReplayGRPOConfig, "Replay-GRPO")
-        refuse_rollout_func(kwargs, "ReplayGRPOTrainer", "it splices stored trajectories into TRL's own generation, "
-                            "which a rollout_func replaces. For multi-step episodes pass `environment_factory` or "
-                            "`tools`.")
+        refuse_rollout_func(
+            kwargs,
+            "ReplayGRPOTrainer",
+            "it splices stored trajectories into TRL's own generation, "
+            "which a rollout_func replaces. For multi-step episodes pass `environment_factory` or "
+            "`tools`.",
+        )
         check_datasets(kwargs, check_not_empty)
         super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
         # Reward columns that need the live environment: recorded at collection, kept when replayed.
         self._env_reward_columns = [
-            i for i, f in enumerate(self.reward_funcs)
+            i
+            for i, f in enumerate(self.reward_funcs)
             if callable(f) and "environments" in inspect.signature(f).parameters
         ]
 
@@ -377,7 +389,7 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
             for i in range(local.start, local.stop)
         ]
         fresh_counts = [
-            sum(1 for trajectory in stored[r * len(inputs):(r + 1) * len(inputs)] if trajectory is None)
+            sum(1 for trajectory in stored[r * len(inputs) : (r + 1) * len(inputs)] if trajectory is None)
             for r in range(self.accelerator.num_processes)
         ]
         return ReplayPlan(
@@ -432,7 +444,9 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
     def _replace_retired(self, retired, replay, group_tasks, group_examples) -> tuple[int, int]:
         """Give each retired group without a replay task a random other group's task (in place); returns how many
         retired groups were replaced and how many kept their task (no other group to take from)."""
-        donors = [g for g in range(len(group_tasks)) if g not in replay and group_tasks[g] not in self.experience.retired]
+        donors = [
+            g for g in range(len(group_tasks)) if g not in replay and group_tasks[g] not in self.experience.retired
+        ]
         replaced = kept = 0
         for g in retired:
             if g in replay:
@@ -479,7 +493,8 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
         return CollectedRow(
             completion_ids=output["completion_ids"][i, :length].cpu(),
             # The entropy that ranks stored trajectories is the model's, over its own tokens.
-            completion_mask=(output["completion_mask"][i] * output.get("tool_mask", 1)[i]).cpu() if tools
+            completion_mask=(output["completion_mask"][i] * output.get("tool_mask", 1)[i]).cpu()
+            if tools
             else output["completion_mask"][i].cpu(),
             reward=float(torch.nansum(rewards * self.reward_weights.to(rewards.device)).item()),
             prompt_ids=output["prompt_ids"][i][output["prompt_mask"][i].bool()].cpu(),
@@ -524,8 +539,11 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
     def _collect(self, pending: PendingCollection) -> None:
         """Gather the stored rows of every process and update the buffer, identically everywhere."""
         n = self.num_generations
-        records = [(row, r.trajectory_fields(pending.step), r.prompt_ids, r.example)
-                   for row, r in pending.records.items() if r.logps is not None]
+        records = [
+            (row, r.trajectory_fields(pending.step), r.prompt_ids, r.example)
+            for row, r in pending.records.items()
+            if r.logps is not None
+        ]
         by_row = {row: rest for row, *rest in gather_object(records)} if pending.records_expected else {}
         for g, outcome in enumerate(pending.outcomes):
             for row in range(g * n, (g + 1) * n):
@@ -638,8 +656,9 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
                 record.fill(logps[i], entropies[i])
 
     # -- metrics ---------------------------------------------------------------------------------------------------
-    def _log_loss(self, mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask,
-                  clamped):
+    def _log_loss(
+        self, mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask, clamped
+    ):
         # Collective calls in the same order on every process, whether or not it holds off-policy rows.
         off = off_mask.bool()
         ratio = torch.exp(log_ratio.detach())

@@ -125,11 +125,11 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     solution_column: str = field(default="solution", metadata={"help": "Dataset column holding the gold answer."})
     think_tag: str = field(default="think", metadata={"help": "Tag of the reasoning part of an answer."})
     answer_tag: str = field(default="answer", metadata={"help": "Tag of the final answer."})
-    analysis_tag: str = field(default="analysis", metadata={"help": "Tag of the reasoning part of a confidence reply."})
-    confidence_tag: str = field(default="confidence", metadata={"help": "Tag of the stated confidence."})
-    train_on_eos: bool = field(
-        default=True, metadata={"help": "Keep the end-of-turn token after a span in the loss."}
+    analysis_tag: str = field(
+        default="analysis", metadata={"help": "Tag of the reasoning part of a confidence reply."}
     )
+    confidence_tag: str = field(default="confidence", metadata={"help": "Tag of the stated confidence."})
+    train_on_eos: bool = field(default=True, metadata={"help": "Keep the end-of-turn token after a span in the loss."})
     lenient_parsing: bool = field(
         default=False,
         metadata={"help": "Read untagged answers (last number) and confidences (first valid number) instead of 0."},
@@ -137,7 +137,9 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
 
     share_prefix: bool = field(
         default=True,
-        metadata={"help": "Process each answer once for its confidence rows in the loss forward (tree attention mask)."},
+        metadata={
+            "help": "Process each answer once for its confidence rows in the loss forward (tree attention mask)."
+        },
     )
 
     def __post_init__(self):

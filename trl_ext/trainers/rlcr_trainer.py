@@ -103,10 +103,16 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         ),
     }
 
-    def __init__(self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs):
+    def __init__(
+        self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs
+    ):
         args = checked_args(args, RLCRMultiTurnConfig, "RLCR-multi-turn")
-        refuse_rollout_func(kwargs, "RLCRMultiTurnTrainer", "it builds its own two-turn rollout (an answer, then a "
-                            "confidence turn generated after it), which a rollout_func would replace.")
+        refuse_rollout_func(
+            kwargs,
+            "RLCRMultiTurnTrainer",
+            "it builds its own two-turn rollout (an answer, then a "
+            "confidence turn generated after it), which a rollout_func would replace.",
+        )
         for unsupported in ("tools", "environment_factory"):
             if kwargs.get(unsupported) is not None:
                 raise ValueError(
@@ -115,14 +121,21 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
                     "as model text; a tool transcript inside it is not modelled. For tool episodes use "
                     "ReplayGRPOTrainer or AbsoluteZeroTrainer."
                 )
-        check_datasets(kwargs, partial(
-            check_conversational_prompts,
-            why="the confidence turn continues the conversation through the chat template",
-            required={args.solution_column: "it must hold the gold answers: rename the column or set "
-                                            "RLCRMultiTurnConfig.solution_column"},
-        ))
+        check_datasets(
+            kwargs,
+            partial(
+                check_conversational_prompts,
+                why="the confidence turn continues the conversation through the chat template",
+                required={
+                    args.solution_column: "it must hold the gold answers: rename the column or set "
+                    "RLCRMultiTurnConfig.solution_column"
+                },
+            ),
+        )
 
-        extra = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+        extra = (
+            [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+        )
         accuracy = make_accuracy_reward(
             args.answer_tag, args.solution_column, accuracy_func or verify_answer, lenient=args.lenient_parsing
         )
@@ -135,13 +148,17 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
             )
         # TRL weighs every reward function it holds, the accuracy reward first. Its generation kwargs are the answer
         # turn's: they are applied per turn below.
-        with scoped_call(args, reward_weights=[args.accuracy_weight, *(weights or [1.0] * len(extra))],
-                         generation_kwargs=None):
+        with scoped_call(
+            args, reward_weights=[args.accuracy_weight, *(weights or [1.0] * len(extra))], generation_kwargs=None
+        ):
             super().__init__(model, reward_funcs=[accuracy, *extra], args=args, **kwargs)
-        self._generation = turn_generations(self, {
-            "answer": (args.generation_kwargs, args.vllm_structured_outputs_regex),
-            "confidence": (args.confidence_generation_kwargs, None),
-        })
+        self._generation = turn_generations(
+            self,
+            {
+                "answer": (args.generation_kwargs, args.vllm_structured_outputs_regex),
+                "confidence": (args.confidence_generation_kwargs, None),
+            },
+        )
         use_turn_generation(self, self._generation["answer"])
 
         self._brier_reward = make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)
@@ -154,8 +171,10 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         )
         if self._turn.chat_template != self.chat_template:
             # As GRPOTrainer does for tool turns: both turns render with TRL's prefix-preserving training template.
-            logger.info("The chat template renders the last assistant turn differently once a user message follows; "
-                        "prompts are rendered with TRL's prefix-preserving training version of it.")
+            logger.info(
+                "The chat template renders the last assistant turn differently once a user message follows; "
+                "prompts are rendered with TRL's prefix-preserving training version of it."
+            )
             self.chat_template = self._turn.chat_template
         self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
@@ -166,7 +185,9 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
             self._share_prefix = False
 
         # split_tensor_dict drops a remainder silently: the (1 + G_c) rows per answer row must split evenly.
-        local_rows = args.generation_batch_size // self.accelerator.num_processes * (1 + args.num_generations_confidence)
+        local_rows = (
+            args.generation_batch_size // self.accelerator.num_processes * (1 + args.num_generations_confidence)
+        )
         if local_rows % args.steps_per_generation != 0:
             raise ValueError(
                 f"A generation batch gives {local_rows} rows per process, which do not split into "
@@ -192,8 +213,15 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-        compute_aux_loss=False, **kwargs,
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
     ):
         """In the loss forward, run answer rows and confidence rows separately, each cut to its own padding (or pack
         each family, see `_packed_logps_and_entropies`).
@@ -215,7 +243,13 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         forwards = None if kinds is None else self._forward_row_kinds(kinds)
         if kinds is None or compute_aux_loss or multimodal or len(forwards) < 2:
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **kwargs,
             )
         parts, order, stand_ins = [], [], []
@@ -252,7 +286,9 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         logps, _, _ = super()._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), 1)
         return (logps.sum() * 0.0).nan_to_num(0.0)
 
-    def _packed_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+    def _packed_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+    ):
         """Score the rows packed by family, `batch_size` rows at a time in whole families (TRL's chunking)."""
         families = self._forward_rows.families.to(input_ids.device)
         attn_implementation = self.accelerator.unwrap_model(model).config._attn_implementation
@@ -283,30 +319,41 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         the metrics it appends (lengths, reward stats, IS ratios) move under `confidence/`."""
         args = self.args
         # the G_c siblings of an answer share their whole prompt: TRL's old/ref log-prob passes score them packed
-        siblings = torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
-        with scoped_call(
-            self,
-            mode=mode,
-            prefix="confidence",
-            max_new_tokens=args.max_confidence_length,
-            generation=self._generation["confidence"],
-            num_generations=args.num_generations_confidence,
-            num_generations_eval=args.num_generations_confidence,
-            reward_funcs=[self._brier_reward],
-            reward_func_names=["brier"],
-            reward_weights=torch.ones(1),
-            reward_processing_classes=[None],
-            scale_rewards=args.confidence_scale_rewards,
-            # one reward: "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides
-            # by std)
-            multi_objective_aggregation="sum_then_normalize",
-            # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
-            _logs={"images": [], "prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
-                   "extra": defaultdict(list)},
-            # the prompt ids are built on tokens, not rendered from the prompts
-            _tokenize_prompts=lambda prompts: (turn2_prompt_ids, None, {}),
-            _forward_rows=ForwardRows(families=siblings),
-        ), self.recording() as record:
+        siblings = (
+            torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
+        )
+        with (
+            scoped_call(
+                self,
+                mode=mode,
+                prefix="confidence",
+                max_new_tokens=args.max_confidence_length,
+                generation=self._generation["confidence"],
+                num_generations=args.num_generations_confidence,
+                num_generations_eval=args.num_generations_confidence,
+                reward_funcs=[self._brier_reward],
+                reward_func_names=["brier"],
+                reward_weights=torch.ones(1),
+                reward_processing_classes=[None],
+                scale_rewards=args.confidence_scale_rewards,
+                # one reward: "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides
+                # by std)
+                multi_objective_aggregation="sum_then_normalize",
+                # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
+                _logs={
+                    "images": [],
+                    "prompt": [],
+                    "completion": [],
+                    "rewards": defaultdict(list),
+                    "advantages": [],
+                    "extra": defaultdict(list),
+                },
+                # the prompt ids are built on tokens, not rendered from the prompts
+                _tokenize_prompts=lambda prompts: (turn2_prompt_ids, None, {}),
+                _forward_rows=ForwardRows(families=siblings),
+            ),
+            self.recording() as record,
+        ):
             yield record
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
@@ -328,11 +375,15 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         # Turn 2: for each answer, G_c confidences in one generation call on token-concatenated prompts.
         turn2_inputs, turn2_prompt_ids = [], []
         answer_texts = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
-        for row, p_ids, a_ids, answer_text, label in zip(inputs, prompt_ids, answer_ids, answer_texts, correct,
-                                                         strict=True):
+        for row, p_ids, a_ids, answer_text, label in zip(
+            inputs, prompt_ids, answer_ids, answer_texts, correct, strict=True
+        ):
             ids = self._turn.prompt_ids(p_ids, a_ids, self.eos_token_ids)
-            conversation = [*row["prompt"], {"role": "assistant", "content": answer_text},
-                            {"role": "user", "content": args.confidence_prompt}]
+            conversation = [
+                *row["prompt"],
+                {"role": "assistant", "content": answer_text},
+                {"role": "user", "content": args.confidence_prompt},
+            ]
             for _ in range(g_c):
                 turn2_prompt_ids.append(ids)
                 turn2_inputs.append({**row, "prompt": conversation, LABEL_COLUMN: label})
@@ -359,8 +410,9 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         device = answers["advantages"].device
         answers[FAMILY_KEY] = torch.arange(len(inputs), device=device)
         confidences[FAMILY_KEY] = torch.arange(len(inputs), device=device).repeat_interleave(g_c)
-        batch = concat_row_kinds({ANSWER: answers, CONFIDENCE: confidences}, KIND_KEY, self._tokenizer.pad_token_id,
-                                 self.accelerator)
+        batch = concat_row_kinds(
+            {ANSWER: answers, CONFIDENCE: confidences}, KIND_KEY, self._tokenizer.pad_token_id, self.accelerator
+        )
 
         self._log_turns(mode, rewards, brier, answer_texts, answer_closed, confidence_ids, g_c)
         return batch
@@ -439,17 +491,18 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         if (correlation := confidence_correctness_correlation(conf, labels)) is not None:
             m["calibration/correlation"].append(correlation)
 
-        self._log_histograms(mode, {
-            "confidence/stated": conf[parsed],
-            "answer/reward": answer_reward,
-            "confidence/brier_reward": brier,
-        })
+        self._log_histograms(
+            mode,
+            {
+                "confidence/stated": conf[parsed],
+                "answer/reward": answer_reward,
+                "confidence/brier_reward": brier,
+            },
+        )
 
         # One value per answer row in TRL's completions table: the mean of its parsed confidences.
         per_answer = conf.view(-1, g_c)
-        means = [
-            row[~torch.isnan(row)].mean().item() if (~torch.isnan(row)).any() else None for row in per_answer
-        ]
+        means = [row[~torch.isnan(row)].mean().item() if (~torch.isnan(row)).any() else None for row in per_answer]
         self._logs["extra"]["confidence"].extend(means)  # gathered, like TRL's prompt/completion columns
 
 
@@ -464,6 +517,7 @@ def _histogram_sinks(callbacks):
         elif isinstance(callback, WandbCallback) and getattr(callback, "_wandb", None) is not None:
             wandb = callback._wandb
             if wandb.run is not None:
-                sinks.append(lambda name, values, step, w=wandb: w.log({name: w.Histogram(values.tolist())}, commit=False))
+                sinks.append(
+                    lambda name, values, step, w=wandb: w.log({name: w.Histogram(values.tolist())}, commit=False)
+                )
     return sinks
-

@@ -54,8 +54,15 @@ def use_turn_generation(trainer, turn: TurnGeneration) -> None:
 
 
 @contextmanager
-def scoped_call(trainer, *, mode: str | None = None, prefix: str | None = None, max_new_tokens: int | None = None,
-                generation: TurnGeneration | None = None, **attributes):
+def scoped_call(
+    trainer,
+    *,
+    mode: str | None = None,
+    prefix: str | None = None,
+    max_new_tokens: int | None = None,
+    generation: TurnGeneration | None = None,
+    **attributes,
+):
     """Set `attributes` on `trainer` (and, if given, the turn's generation settings and every generation backend's
     maximum new tokens) for the duration of the block, then restore them. Metrics the block appends to
     `trainer._metrics[mode]` move under `prefix/`. Every setting is a keyword, so that a call site names what it

@@ -73,8 +73,9 @@ class CollectiveToolRounds:
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if not self._in_tool_loop or self.accelerator.num_processes == 1:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         rows = self._tool_round_rows(len(prompt_ids))
         return self._padded_generation(prompt_ids, images, multimodal_fields, rows, has_tool_images)
 
@@ -101,6 +102,8 @@ def _utf8_safe_content(value):
     if isinstance(value, str):
         return utf8_safe(value)
     if isinstance(value, list):
-        return [{k: utf8_safe(v) if isinstance(v, str) else v for k, v in part.items()} if isinstance(part, dict)
-                else part for part in value]
+        return [
+            {k: utf8_safe(v) if isinstance(v, str) else v for k, v in part.items()} if isinstance(part, dict) else part
+            for part in value
+        ]
     return value

@@ -173,8 +173,9 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
         return None
     prefix = f"{PREFIX_CHECKPOINT_DIR}-"
     steps = sorted(
-        (int(name[len(prefix):]), name) for name in os.listdir(output_dir)
-        if name.startswith(prefix) and name[len(prefix):].isdigit() and os.path.isdir(os.path.join(output_dir, name))
+        (int(name[len(prefix) :]), name)
+        for name in os.listdir(output_dir)
+        if name.startswith(prefix) and name[len(prefix) :].isdigit() and os.path.isdir(os.path.join(output_dir, name))
     )
     for _, name in reversed(steps):
         folder = os.path.join(output_dir, name)

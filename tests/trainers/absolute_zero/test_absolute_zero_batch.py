@@ -19,10 +19,10 @@ from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
 ANSWERS = {  # question -> response j
-    "1+1": ["<answer>2</answer>", "<answer>3</answer>"],   # totals 1.5, 0.5: learnable
-    "2+2": ["<answer>4</answer>", "<answer>4</answer>"],   # always right: not learnable
-    "3*3": ["<answer>9</answer>", "no idea"],              # totals 1.5, 0: learnable
-    "5-1": ["<answer>0</answer>", "<answer>0</answer>"],   # always wrong: not learnable
+    "1+1": ["<answer>2</answer>", "<answer>3</answer>"],  # totals 1.5, 0.5: learnable
+    "2+2": ["<answer>4</answer>", "<answer>4</answer>"],  # always right: not learnable
+    "3*3": ["<answer>9</answer>", "no idea"],  # totals 1.5, 0: learnable
+    "5-1": ["<answer>0</answer>", "<answer>0</answer>"],  # always wrong: not learnable
 }
 MIXED_A = ["<question>1+1</question>", "<question>2+2</question>"]
 MIXED_B = ["<question>3*3</question>", "<question>5-1</question>"]
@@ -33,8 +33,8 @@ SCENARIOS = {  # seed -> proposals per round (the last repeats)
     "one_repropose": {"A": [MIXED_A], "B": [INVALID, MIXED_B]},
     "unresolved": {"A": [MIXED_A], "B": [UNIFORM]},
 }
-ADV_11 = 0.5 / (0.5 ** 0.5 + 1e-4)   # totals [1.5, 0.5]
-ADV_33 = 0.75 / (1.125 ** 0.5 + 1e-4)  # totals [1.5, 0.0]
+ADV_11 = 0.5 / (0.5**0.5 + 1e-4)  # totals [1.5, 0.5]
+ADV_33 = 0.75 / (1.125**0.5 + 1e-4)  # totals [1.5, 0.0]
 
 
 class Policy:
@@ -57,12 +57,32 @@ def make_trainer(tmp_path, prompts="AB", **overrides):
     task = arithmetic_task()
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in prompts])
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, **{**dict(
-        max_steps=1, per_device_train_batch_size=2 * len(prompts), num_generations=2, num_questions_per_prompt=2,
-        shuffle_dataset=False, max_completion_length=16, max_question_length=16, reward_weights=[1.0, 0.5]),
-        **overrides})
-    return AbsoluteZeroTrainer(model, task.reward_funcs, args=args, train_dataset=dataset, processing_class=tokenizer,
-                               parse_question=task.parse_question, solver_prompt_fn=task.solver_prompt_fn)
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        **{
+            **dict(
+                max_steps=1,
+                per_device_train_batch_size=2 * len(prompts),
+                num_generations=2,
+                num_questions_per_prompt=2,
+                shuffle_dataset=False,
+                max_completion_length=16,
+                max_question_length=16,
+                reward_weights=[1.0, 0.5],
+            ),
+            **overrides,
+        },
+    )
+    return AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
 
 
 def run(trainer, scenario):
@@ -89,7 +109,9 @@ def test_no_repropose(tmp_path):
     assert calls(gen) == [(2, 4), (2, 8)]  # one proposer call (2 prompts x K), one solver call (4 questions x 2)
     assert batch["row_kind"].tolist() == [0, 0, 0, 0, 1, 1]
     assert texts(trainer, batch, range(6)) == ANSWERS["1+1"] + ANSWERS["3*3"] + [
-        "<question>1+1</question>", "<question>3*3</question>"]  # the selected (only learnable) proposals
+        "<question>1+1</question>",
+        "<question>3*3</question>",
+    ]  # the selected (only learnable) proposals
     torch.testing.assert_close(batch["advantages"], torch.tensor([ADV_11, -ADV_11, ADV_33, -ADV_33, 0.0, 0.0]))
     assert torch.equal(batch["tool_mask"] * batch["completion_mask"], batch["completion_mask"])  # every token trains
     assert log["unified_filter/num_learnable"] == 2 and log["unified_filter/num_total"] == 4
@@ -107,7 +129,9 @@ def test_one_repropose_round_only_for_the_prompt_that_needs_it(tmp_path):
     # work). Round 2: B alone proposes and its two questions are solved.
     assert calls(gen) == [(2, 4), (2, 4), (2, 2), (2, 4)]
     assert texts(trainer, batch, range(6)) == ANSWERS["1+1"] + ANSWERS["3*3"] + [
-        "<question>1+1</question>", "<question>3*3</question>"]
+        "<question>1+1</question>",
+        "<question>3*3</question>",
+    ]
     torch.testing.assert_close(batch["advantages"], torch.tensor([ADV_11, -ADV_11, ADV_33, -ADV_33, 0.0, 0.0]))
     assert log["unified_filter/num_repropose"] == 1 and log["repropose/total_attempts"] == 1
     assert log["repropose/rounds"] == 1 and log["proposer/invalid_rate"] == 0  # B's final group is valid
@@ -120,7 +144,9 @@ def test_unresolved_after_max_attempts(tmp_path):
     # round 1 solves A's 2 questions and B's 1 valid one; 3 repropose rounds for B with 1 valid question each
     assert calls(gen) == [(2, 4), (2, 6)] + [(2, 2), (2, 2)] * 3
     assert texts(trainer, batch, range(6)) == ANSWERS["1+1"] + ANSWERS["2+2"] + [
-        "<question>1+1</question>", "<question>2+2</question>"]  # B keeps its first valid question, unselected
+        "<question>1+1</question>",
+        "<question>2+2</question>",
+    ]  # B keeps its first valid question, unselected
     assert batch["tool_mask"].sum(dim=1).gt(0).tolist() == [True, True, False, False, True, True]
     # proposer rewards: A 1 (learnable), B -0.5 (repropose penalty): batch baseline 0.25, std 1.0607
     torch.testing.assert_close(batch["advantages"], torch.tensor([ADV_11, -ADV_11, 0.0, 0.0, ADV_33, -ADV_33]))
@@ -144,7 +170,7 @@ def test_all_proposer_rows_are_normalised_within_the_prompt(tmp_path):
     gen, batch, log = run(trainer, "no_repropose")
     assert batch["row_kind"].tolist() == [0] * 4 + [1] * 4
     assert texts(trainer, batch, range(4, 8)) == MIXED_A + MIXED_B
-    adv = 0.5 / (0.5 ** 0.5 + 1e-4)  # rewards [1, 0] in each group
+    adv = 0.5 / (0.5**0.5 + 1e-4)  # rewards [1, 0] in each group
     torch.testing.assert_close(batch["advantages"][4:], torch.tensor([adv, -adv, adv, -adv]))
     assert log["proposer/num_integrated"] == 4
 
@@ -152,21 +178,22 @@ def test_all_proposer_rows_are_normalised_within_the_prompt(tmp_path):
 def test_azr_mode(tmp_path):
     trainer = make_trainer(tmp_path, proposer_reward_mode="azr", proposer_rows="all")
     _, batch, _ = run(trainer, "no_repropose")
-    adv = 0.25 / (0.125 ** 0.5 + 1e-4)  # rewards [1 - 0.5, 0] per group (solve rates 0.5, then 1.0 or 0.0)
+    adv = 0.25 / (0.125**0.5 + 1e-4)  # rewards [1 - 0.5, 0] per group (solve rates 0.5, then 1.0 or 0.0)
     torch.testing.assert_close(batch["advantages"][4:], torch.tensor([adv, -adv, adv, -adv]))
 
 
 def test_azr_code_mode_penalises_questions_all_or_none_solve(tmp_path):
     trainer = make_trainer(tmp_path, proposer_reward_mode="azr_code", proposer_rows="all")
     _, batch, _ = run(trainer, "no_repropose")
-    adv = 0.5 / (0.5 ** 0.5 + 1e-4)  # rewards [1 - 0.5, -0.5] per group (solve rates 0.5, then 1.0 or 0.0)
+    adv = 0.5 / (0.5**0.5 + 1e-4)  # rewards [1 - 0.5, -0.5] per group (solve rates 0.5, then 1.0 or 0.0)
     torch.testing.assert_close(batch["advantages"][4:], torch.tensor([adv, -adv, adv, -adv]))
 
 
 def test_proposer_padding_keeps_rows_divisible(tmp_path):
     # 3 prompts, steps_per_generation 2: 6 solver rows + 3 proposer rows padded to 4, so 10 rows split in 2.
-    trainer = make_trainer(tmp_path, prompts="ABA", per_device_train_batch_size=3, gradient_accumulation_steps=2,
-                           steps_per_generation=2)
+    trainer = make_trainer(
+        tmp_path, prompts="ABA", per_device_train_batch_size=3, gradient_accumulation_steps=2, steps_per_generation=2
+    )
     _, batch, log = run(trainer, "no_repropose")
     assert batch["row_kind"].tolist() == [0] * 6 + [1] * 4
     assert batch["tool_mask"][-1].sum() == 0 and batch["advantages"][-1] == 0  # the padding row
@@ -184,8 +211,13 @@ def test_seed_prompts_must_be_conversational(tmp_path):
     model, tokenizer = tiny_causal_lm()
     args = cpu_test_args(tmp_path, AbsoluteZeroConfig)
     with pytest.raises(ValueError, match="conversational"):
-        AbsoluteZeroTrainer(model, task.reward_funcs, args=args, processing_class=tokenizer,
-                            train_dataset=Dataset.from_list([{"prompt": "plain text"}]))
+        AbsoluteZeroTrainer(
+            model,
+            task.reward_funcs,
+            args=args,
+            processing_class=tokenizer,
+            train_dataset=Dataset.from_list([{"prompt": "plain text"}]),
+        )
 
 
 def test_evaluation_runs_the_same_self_play(tmp_path):
@@ -212,10 +244,16 @@ def test_selection_depends_only_on_seed_and_step(tmp_path):
 def test_model_written_question_fields_cannot_collide_with_trl_arguments(tmp_path):
     trainer = make_trainer(tmp_path)
     trainer.parse_question = AbsoluteZeroTrainer(  # the default parser, as when no parse_question is given
-        trainer.model, trainer.reward_funcs, args=trainer.args, train_dataset=trainer.train_dataset,
-        processing_class=trainer.processing_class).parse_question
-    proposal = ('<question>{"question": "2+2?", "solution": "4", "completions": 1, "prompts": 2, "prompt": 3, '
-                '"trainer_state": 4, "not an identifier": 5}</question>')
+        trainer.model,
+        trainer.reward_funcs,
+        args=trainer.args,
+        train_dataset=trainer.train_dataset,
+        processing_class=trainer.processing_class,
+    ).parse_question
+    proposal = (
+        '<question>{"question": "2+2?", "solution": "4", "completions": 1, "prompts": 2, "prompt": 3, '
+        '"trainer_state": 4, "not an identifier": 5}</question>'
+    )
     assert trainer._parse(proposal) == {"question": "2+2?", "solution": "4"}  # the default parser reads JSON
     assert trainer._parse('<question>{"question": "x", "prompts": 1}</question>') == {"question": "x"}
     trainer.parse_question = lambda text: 1 / 0  # a failing user parser is an invalid proposal, not a crash
@@ -239,11 +277,25 @@ def test_seed_dual_criteria_through_the_trainer(tmp_path):
         return replies[re.search(r"(q\d)<\|im_end\|>\n<\|im_start\|>assistant", text).group(1)][k]
 
     model, tokenizer = tiny_causal_lm()
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                         num_questions_per_prompt=2, learnability_criteria=WORKSPACE_CRITERIA, shuffle_dataset=False,
-                         max_completion_length=8, max_question_length=8)
-    trainer = AbsoluteZeroTrainer(model, [safety_score, completion_score], args=args, processing_class=tokenizer,
-                                  train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Seed"}]}]))
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        num_questions_per_prompt=2,
+        learnability_criteria=WORKSPACE_CRITERIA,
+        shuffle_dataset=False,
+        max_completion_length=8,
+        max_question_length=8,
+    )
+    trainer = AbsoluteZeroTrainer(
+        model,
+        [safety_score, completion_score],
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "Seed"}]}]),
+    )
     with ScriptedGeneration(trainer, script) as gen, BatchRecorder(trainer) as rec:
         trainer.train()
     batch, log = rec.batches[0], trainer.state.log_history[0]

@@ -27,18 +27,25 @@ def scores(safety, completion):
     return {"safety_score": safety, "completion_score": completion}
 
 
-@pytest.mark.parametrize("safety, completion, expected", [
-    # 10 responses: ratios are k/10. Safety above 0.5 on 3..7, completion below 0.5 on 3..7 -> learnable.
-    ([0.9] * 3 + [0.1] * 7, [0.1] * 3 + [0.9] * 7, True),          # 0.3 / 0.3: both lower bounds included
-    ([0.9] * 7 + [0.1] * 3, [0.1] * 7 + [0.9] * 3, True),          # 0.7 / 0.7: both upper bounds included
-    ([0.9] * 2 + [0.1] * 8, [0.1] * 5 + [0.9] * 5, False),         # safety 0.2 < 0.3
-    ([0.9] * 8 + [0.1] * 2, [0.1] * 5 + [0.9] * 5, False),         # safety 0.8 > 0.7
-    ([0.9] * 5 + [0.1] * 5, [0.1] * 8 + [0.9] * 2, False),         # completion 0.8 > 0.7
-    ([0.9] * 10, [0.1] * 10, False),                                # all safe: uniform
-    ([0.1] * 10, [0.9] * 10, False),                                # none safe
-    ([0.5] * 5 + [0.9] * 5, [0.5] * 5 + [0.1] * 5, True),          # exactly 0.5 is neither above nor below: 0.5 / 0.5
-    ([math.nan] * 5 + [0.9] * 5, [0.1] * 5 + [math.nan] * 5, True),  # NaN counts as neither, stays in the denominator
-])
+@pytest.mark.parametrize(
+    "safety, completion, expected",
+    [
+        # 10 responses: ratios are k/10. Safety above 0.5 on 3..7, completion below 0.5 on 3..7 -> learnable.
+        ([0.9] * 3 + [0.1] * 7, [0.1] * 3 + [0.9] * 7, True),  # 0.3 / 0.3: both lower bounds included
+        ([0.9] * 7 + [0.1] * 3, [0.1] * 7 + [0.9] * 3, True),  # 0.7 / 0.7: both upper bounds included
+        ([0.9] * 2 + [0.1] * 8, [0.1] * 5 + [0.9] * 5, False),  # safety 0.2 < 0.3
+        ([0.9] * 8 + [0.1] * 2, [0.1] * 5 + [0.9] * 5, False),  # safety 0.8 > 0.7
+        ([0.9] * 5 + [0.1] * 5, [0.1] * 8 + [0.9] * 2, False),  # completion 0.8 > 0.7
+        ([0.9] * 10, [0.1] * 10, False),  # all safe: uniform
+        ([0.1] * 10, [0.9] * 10, False),  # none safe
+        ([0.5] * 5 + [0.9] * 5, [0.5] * 5 + [0.1] * 5, True),  # exactly 0.5 is neither above nor below: 0.5 / 0.5
+        (
+            [math.nan] * 5 + [0.9] * 5,
+            [0.1] * 5 + [math.nan] * 5,
+            True,
+        ),  # NaN counts as neither, stays in the denominator
+    ],
+)
 def test_seed_dual_criteria(safety, completion, expected):
     assert is_learnable(scores(safety, completion), SEED) is expected
 
@@ -58,14 +65,17 @@ def test_default_criterion_is_strictly_inside_zero_one():
     assert learnable == [False, True, True, True, False]
 
 
-@pytest.mark.parametrize("group, expected", [
-    ([True, False, None], False),   # mixed: kept
-    ([True, True, True], True),     # all learnable: uniform
-    ([False, False], True),         # none learnable
-    ([None, None, None], True),     # no valid question
-    ([True, None, None], True),     # the only valid one is learnable: still uniform
-    ([False, True], False),
-])
+@pytest.mark.parametrize(
+    "group, expected",
+    [
+        ([True, False, None], False),  # mixed: kept
+        ([True, True, True], True),  # all learnable: uniform
+        ([False, False], True),  # none learnable
+        ([None, None, None], True),  # no valid question
+        ([True, None, None], True),  # the only valid one is learnable: still uniform
+        ([False, True], False),
+    ],
+)
 def test_repropose_on_uniform_groups(group, expected):
     assert needs_repropose(group) is expected
 
@@ -101,7 +111,11 @@ def test_proposer_rewards_learnability_mode():
     group, rates = [True, False, None], [0.5, 1.0, None]
     assert proposer_rewards(group, rates, False, "learnability") == [1.0, 0.0, -1.0]
     # unresolved after the last attempt: every valid proposal gets the penalty, invalid ones stay invalid
-    assert proposer_rewards([False, False, None], [0.0, 1.0, None], True, "learnability", -1.0, -0.5) == [-0.5, -0.5, -1.0]
+    assert proposer_rewards([False, False, None], [0.0, 1.0, None], True, "learnability", -1.0, -0.5) == [
+        -0.5,
+        -0.5,
+        -1.0,
+    ]
 
 
 def test_proposer_rewards_azr_mode():
@@ -117,7 +131,12 @@ def test_proposer_rewards_azr_released_code_mode():
     assert proposer_rewards(group, rates, False, "azr_code") == [0.75, -0.5, -0.5, -1.0, 0.5]
     # unresolved prompts are not penalised again; the uniform reward and the invalid reward are configurable
     assert proposer_rewards(group, rates, True, "azr_code", invalid_reward=-2.0, uniform_reward=-0.25) == [
-        0.75, -0.25, -0.25, -2.0, 0.5]
+        0.75,
+        -0.25,
+        -0.25,
+        -2.0,
+        0.5,
+    ]
 
 
 def test_selected_rows_use_a_batch_baseline():
@@ -137,14 +156,24 @@ def test_all_rows_are_normalised_within_their_group():
     assert out[3:].tolist() == [0.0, 0.0, 0.0]
     torch.testing.assert_close(group_advantages(rewards, 3, "none"), rewards)  # group means are 0
     batch_std = rewards.std().item()
-    torch.testing.assert_close(group_advantages(rewards, 3, "batch")[:3], torch.tensor([1.0, 0.0, -1.0]) / (batch_std + 1e-4))
+    torch.testing.assert_close(
+        group_advantages(rewards, 3, "batch")[:3], torch.tensor([1.0, 0.0, -1.0]) / (batch_std + 1e-4)
+    )
     with pytest.raises(ValueError, match="groups of 4"):
         group_advantages(rewards, 4)
 
 
-@pytest.mark.parametrize("rows, world, multiple, expected", [
-    (2, 1, 1, 2), (3, 2, 1, 2), (1, 2, 1, 1), (6, 1, 4, 8), (6, 2, 2, 4), (8, 2, 4, 4),
-])
+@pytest.mark.parametrize(
+    "rows, world, multiple, expected",
+    [
+        (2, 1, 1, 2),
+        (3, 2, 1, 2),
+        (1, 2, 1, 1),
+        (6, 1, 4, 8),
+        (6, 2, 2, 4),
+        (8, 2, 4, 4),
+    ],
+)
 def test_padded_rows(rows, world, multiple, expected):
     assert padded_rows(rows, world, multiple) == expected
     assert expected * world >= rows and expected % multiple == 0

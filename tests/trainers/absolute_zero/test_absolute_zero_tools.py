@@ -66,16 +66,44 @@ def make(tmp_path, env=None, reward_funcs=(value,), seeds="AB", peft_config=None
     model, tokenizer = tiny_causal_lm()
     use_tool_chat_template(tokenizer)
     dataset = Dataset.from_list(
-        [{"prompt": [{"role": "system", "content": "Propose."}, {"role": "user", "content": f"Seed {c}"}],
-          "seed_note": c} for c in seeds])
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, **{**dict(
-        max_steps=1, per_device_train_batch_size=2 * len(seeds), num_generations=2, num_questions_per_prompt=2,
-        shuffle_dataset=False, max_completion_length=160, max_question_length=8, max_repropose_attempts=1,
-        solver_prompt_template="Reach {target}", solver_system_prompt="Use the tools."), **overrides})
+        [
+            {
+                "prompt": [{"role": "system", "content": "Propose."}, {"role": "user", "content": f"Seed {c}"}],
+                "seed_note": c,
+            }
+            for c in seeds
+        ]
+    )
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        **{
+            **dict(
+                max_steps=1,
+                per_device_train_batch_size=2 * len(seeds),
+                num_generations=2,
+                num_questions_per_prompt=2,
+                shuffle_dataset=False,
+                max_completion_length=160,
+                max_question_length=8,
+                max_repropose_attempts=1,
+                solver_prompt_template="Reach {target}",
+                solver_system_prompt="Use the tools.",
+            ),
+            **overrides,
+        },
+    )
     env = env or logged_counter()
-    trainer = AbsoluteZeroTrainer(model, list(reward_funcs), args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, parse_question=parse, environment_factory=env,
-                                  peft_config=peft_config)
+    trainer = AbsoluteZeroTrainer(
+        model,
+        list(reward_funcs),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        parse_question=parse,
+        environment_factory=env,
+        peft_config=peft_config,
+    )
     return trainer, env
 
 
@@ -99,8 +127,12 @@ def test_episodes_with_0_1_2_tool_calls(tmp_path):
     assert trainer.reward_func_names == ["value", "Counter"]  # the environment's get_reward column is added
     # Proposer prompts carry no tool schema; solver prompts do.
     proposer_calls = [c for c in gen.calls if "Seed" in trainer.processing_class.decode(c.prompt_ids[0])]
-    solver_first = [c for c in gen.calls if "Reach" in trainer.processing_class.decode(c.prompt_ids[0])
-                    and "<tool_response>" not in trainer.processing_class.decode(c.prompt_ids[0])]
+    solver_first = [
+        c
+        for c in gen.calls
+        if "Reach" in trainer.processing_class.decode(c.prompt_ids[0])
+        and "<tool_response>" not in trainer.processing_class.decode(c.prompt_ids[0])
+    ]
     assert len(proposer_calls) == 1 and len(solver_first) == 1
     for ids in proposer_calls[0].prompt_ids:
         assert "<tools>" not in trainer.processing_class.decode(ids)
@@ -113,9 +145,12 @@ def test_episodes_with_0_1_2_tool_calls(tmp_path):
     # reset(**row) got the solver input row: the seed's columns, the parsed question's fields and the solver prompt.
     resets = env.log["resets"]
     assert len(resets) == 8  # one per solver rollout of the round; the final batch replays and resets nothing
-    assert resets[0] == {"seed_note": "A", "target": 1, "word": "one",
-                         "prompt": [{"role": "system", "content": "Use the tools."},
-                                    {"role": "user", "content": "Reach 1"}]}
+    assert resets[0] == {
+        "seed_note": "A",
+        "target": 1,
+        "word": "one",
+        "prompt": [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Reach 1"}],
+    }
     assert [r["target"] for r in resets] == [1, 1, 0, 0, 2, 2, 0, 0]
 
     # Joint batch: 4 solver rows (A's selected question, B's), then 2 proposer rows.
@@ -157,8 +192,10 @@ def test_environment_scores_replayed_after_a_repropose_round(tmp_path):
 def test_learnability_on_two_environment_scores(tmp_path):
     # Counter above 0.5 in [0.3, 0.7]: "one" and "two" (values [0, 1]), not "zero" ([1, 1]). Value below 1.5 in
     # [0.3, 0.7]: "two" ([0, 2]), not "one" ([0, 1]: ratio 1). Only "two" meets both.
-    criteria = [{"reward": "Counter", "threshold": 0.5, "count": "above", "min_ratio": 0.3, "max_ratio": 0.7},
-                {"reward": "value", "threshold": 1.5, "count": "below", "min_ratio": 0.3, "max_ratio": 0.7}]
+    criteria = [
+        {"reward": "Counter", "threshold": 0.5, "count": "above", "min_ratio": 0.3, "max_ratio": 0.7},
+        {"reward": "value", "threshold": 1.5, "count": "below", "min_ratio": 0.3, "max_ratio": 0.7},
+    ]
     trainer, env = make(tmp_path, learnability_criteria=criteria, max_repropose_attempts=0)
     _, batch = run(trainer, {"A": [["one", "two"]], "B": [["two", "zero"]]})
     log = trainer.state.log_history[0]
@@ -181,15 +218,22 @@ def test_environment_reward_alone_and_rollout_func_refused(tmp_path):
     _, batch = run(trainer, {"A": [["one", "zero"]], "B": [["two", "zero"]]})
     assert list(trainer._logs["rewards"]["Counter"]) == [0.0, 1.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="rollout_func.*environment_factory"):
-        AbsoluteZeroTrainer(trainer.model, [value], args=trainer.args, train_dataset=trainer.train_dataset,
-                            processing_class=trainer.processing_class, rollout_func=lambda p, t: {})
+        AbsoluteZeroTrainer(
+            trainer.model,
+            [value],
+            args=trainer.args,
+            train_dataset=trainer.train_dataset,
+            processing_class=trainer.processing_class,
+            rollout_func=lambda p, t: {},
+        )
 
 
 def test_lora_and_resume_with_an_environment(tmp_path):
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     plan = {"A": [["one", "zero"]], "B": [["two", "zero"]]}
-    trainer, _ = make(tmp_path, max_steps=2, save_strategy="steps", save_steps=1, learning_rate=5e-2,
-                      peft_config=peft_config)
+    trainer, _ = make(
+        tmp_path, max_steps=2, save_strategy="steps", save_steps=1, learning_rate=5e-2, peft_config=peft_config
+    )
     before = snapshot_parameters(trainer.model)
     with ScriptedGeneration(trainer, Script(plan)):
         trainer.train()
@@ -216,8 +260,10 @@ def test_malformed_tool_calls_are_model_output_not_errors(tmp_path):
             return super().__call__(text, k)
 
     trainer, env = make(tmp_path, max_repropose_attempts=0)
-    with ScriptedGeneration(trainer, Hostile({"A": [["one", "zero"]], "B": [["two", "zero"]]})), \
-            BatchRecorder(trainer) as rec:
+    with (
+        ScriptedGeneration(trainer, Hostile({"A": [["one", "zero"]], "B": [["two", "zero"]]})),
+        BatchRecorder(trainer) as rec,
+    ):
         trainer.train()
     batch, log = rec.batches[0], trainer.state.log_history[0]
     texts = [row_text(trainer, batch, r) for r in range(4)]
@@ -237,8 +283,10 @@ def test_unknown_tool_names_with_lone_surrogates_are_made_safe(tmp_path):
             return super().__call__(text, k)
 
     trainer, _ = make(tmp_path, max_repropose_attempts=0)
-    with ScriptedGeneration(trainer, Hostile({"A": [["one", "zero"]], "B": [["two", "zero"]]})), \
-            BatchRecorder(trainer) as rec:
+    with (
+        ScriptedGeneration(trainer, Hostile({"A": [["one", "zero"]], "B": [["two", "zero"]]})),
+        BatchRecorder(trainer) as rec,
+    ):
         trainer.train()
     texts = [row_text(trainer, rec.batches[0], r) for r in range(4)]
     assert all("not found" in texts[r] for r in (1, 3))  # sample 1 of each prompt: TRL's error, shown to the model

@@ -38,11 +38,25 @@ def dataset(n=4):
 def make(tmp_path, model=None, tokenizer=None, **overrides):
     if model is None:
         model, tokenizer = tiny_causal_lm()
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, **{**dict(
-        per_device_train_batch_size=4, num_generations=2, num_questions_per_prompt=2, max_repropose_attempts=1,
-        max_completion_length=6, max_question_length=6, learning_rate=1e-2), **overrides})
-    return AbsoluteZeroTrainer(model, [parity], args=args, train_dataset=dataset(), processing_class=tokenizer,
-                               parse_question=any_text)
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        **{
+            **dict(
+                per_device_train_batch_size=4,
+                num_generations=2,
+                num_questions_per_prompt=2,
+                max_repropose_attempts=1,
+                max_completion_length=6,
+                max_question_length=6,
+                learning_rate=1e-2,
+            ),
+            **overrides,
+        },
+    )
+    return AbsoluteZeroTrainer(
+        model, [parity], args=args, train_dataset=dataset(), processing_class=tokenizer, parse_question=any_text
+    )
 
 
 def test_real_generation_trains_and_resumes(tmp_path):
@@ -96,11 +110,32 @@ def scripted(text, k):
 
 def make_scripted(tmp_path, peft_config=None, **overrides):
     model, tokenizer = tiny_causal_lm()
-    args = cpu_test_args(tmp_path, AbsoluteZeroConfig, **{**dict(
-        per_device_train_batch_size=4, num_generations=2, num_questions_per_prompt=2, max_repropose_attempts=0,
-        max_completion_length=6, max_question_length=6, learning_rate=1e-2, max_steps=1), **overrides})
-    return AbsoluteZeroTrainer(model, [first_is_a], args=args, train_dataset=dataset(), processing_class=tokenizer,
-                               parse_question=good_or_bad, peft_config=peft_config)
+    args = cpu_test_args(
+        tmp_path,
+        AbsoluteZeroConfig,
+        **{
+            **dict(
+                per_device_train_batch_size=4,
+                num_generations=2,
+                num_questions_per_prompt=2,
+                max_repropose_attempts=0,
+                max_completion_length=6,
+                max_question_length=6,
+                learning_rate=1e-2,
+                max_steps=1,
+            ),
+            **overrides,
+        },
+    )
+    return AbsoluteZeroTrainer(
+        model,
+        [first_is_a],
+        args=args,
+        train_dataset=dataset(),
+        processing_class=tokenizer,
+        parse_question=good_or_bad,
+        peft_config=peft_config,
+    )
 
 
 def test_proposer_loss_weight_scales_the_proposer_rows(tmp_path):
@@ -128,9 +163,18 @@ def gradient(trainer, batch):
 def test_vllm_server_mode(tmp_path):
     model, tokenizer = tiny_causal_lm()
     with LoopbackVLLMServer(model, tokenizer) as server, vllm_server_mode(server):
-        trainer = make(tmp_path, model, tokenizer, max_steps=2, max_repropose_attempts=0, max_question_length=5,
-                       use_vllm=True, vllm_mode="server", vllm_server_base_url=server.base_url,
-                       vllm_importance_sampling_mode="token_truncate")
+        trainer = make(
+            tmp_path,
+            model,
+            tokenizer,
+            max_steps=2,
+            max_repropose_attempts=0,
+            max_question_length=5,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server.base_url,
+            vllm_importance_sampling_mode="token_truncate",
+        )
         with BatchRecorder(trainer) as rec:
             trainer.train()
 
@@ -147,8 +191,9 @@ def test_vllm_server_mode(tmp_path):
             ids = batch["completion_ids"][row, : int(batch["completion_mask"][row].sum())].tolist()
             assert ids in returned
             choice = solver["choices"][returned.index(ids)]
-            torch.testing.assert_close(batch["sampling_per_token_logps"][row, : len(ids)],
-                                       torch.tensor(choice["logprobs"]["token_logprobs"]))
+            torch.testing.assert_close(
+                batch["sampling_per_token_logps"][row, : len(ids)], torch.tensor(choice["logprobs"]["token_logprobs"])
+            )
         for row in (4, 5):
             assert batch["completion_ids"][row, : int(batch["completion_mask"][row].sum())].tolist() in proposals
     for log in trainer.state.log_history[:-1]:

@@ -89,4 +89,4 @@ def test_two_ranks_hold_identical_buffers_and_share_the_executions():
         for step in range(2):
             merged = [a for r in ranks for a, x in zip(r["advantages"][step], r["row_kind"][step]) if x == role]
             alone = [a for a, x in zip(single["advantages"][step], single["row_kind"][step]) if x == role]
-            assert merged[:len(alone)] == pytest.approx(alone, abs=1e-6)  # then a zero-loss padding proposer row
+            assert merged[: len(alone)] == pytest.approx(alone, abs=1e-6)  # then a zero-loss padding proposer row

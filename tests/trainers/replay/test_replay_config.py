@@ -16,7 +16,11 @@ def test_defaults(tmp_path):
     assert args.experience_rbound == args.num_generations == 4
     assert (args.replay_start_ratio, args.exp_ratio, args.offpolicy_trajectories_per_task) == (0.35, 0.5, 1)
     assert (args.off_policy_loss, args.off_cliprange_high, args.clip_ratio_c, args.exp_select_mode) == (
-        "clip", 1.0, 3.0, "argmin")
+        "clip",
+        1.0,
+        3.0,
+        "argmin",
+    )
 
 
 @pytest.mark.parametrize(

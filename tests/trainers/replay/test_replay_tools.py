@@ -35,14 +35,44 @@ def make_script(trainer):
 def make(tmp_path, environment_factory=Counter, **overrides):
     model, tokenizer = tiny_causal_lm(initializer_range=0.5)
     use_tool_chat_template(tokenizer)
-    dataset = Dataset.from_list([
-        {"prompt": [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": f"Task {t}: reach 2"}],
-         "target": 2, "task_id": t} for t in "ABCD"])
-    args = cpu_test_args(tmp_path, ReplayGRPOConfig, **{**dict(
-        max_steps=2, replay_start_ratio=0.0, shuffle_dataset=False, num_generations=2, per_device_train_batch_size=4,
-        max_completion_length=160, success_reward="Counter", task_id_column="task_id"), **overrides})
-    return ReplayGRPOTrainer(model, [step_number], args=args, train_dataset=dataset, processing_class=tokenizer,
-                             environment_factory=environment_factory)
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": [
+                    {"role": "system", "content": "Use the tools."},
+                    {"role": "user", "content": f"Task {t}: reach 2"},
+                ],
+                "target": 2,
+                "task_id": t,
+            }
+            for t in "ABCD"
+        ]
+    )
+    args = cpu_test_args(
+        tmp_path,
+        ReplayGRPOConfig,
+        **{
+            **dict(
+                max_steps=2,
+                replay_start_ratio=0.0,
+                shuffle_dataset=False,
+                num_generations=2,
+                per_device_train_batch_size=4,
+                max_completion_length=160,
+                success_reward="Counter",
+                task_id_column="task_id",
+            ),
+            **overrides,
+        },
+    )
+    return ReplayGRPOTrainer(
+        model,
+        [step_number],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        environment_factory=environment_factory,
+    )
 
 
 def run(trainer, **train_kwargs):
@@ -73,8 +103,11 @@ def test_tool_episode_stored_and_replayed_with_its_tool_mask(tmp_path):
     assert stored.env_rewards == {"Counter": 1.0}
     # Buffer bytes, the figures the README quotes: ids (int32) + log-probs (float32) + tool mask (bool) per token, plus
     # the messages and recorded rewards as JSON.
-    assert (stored.completion_ids.dtype, stored.logps.dtype, stored.tool_mask.dtype) == \
-        (torch.int32, torch.float32, torch.bool)
+    assert (stored.completion_ids.dtype, stored.logps.dtype, stored.tool_mask.dtype) == (
+        torch.int32,
+        torch.float32,
+        torch.bool,
+    )
     assert n == 56 and stored.nbytes - 9 * n == 260 and f"{stored.nbytes / n:.1f}" == "13.6"
     assert trainer.experience.nbytes >= stored.nbytes
 
@@ -106,11 +139,16 @@ def test_off_policy_ratio_only_on_model_tokens(tmp_path):
 
     def loss_and_ratio(batch):
         trainer._metrics["train"].clear()
-        loss = trainer._compute_loss(trainer.model, {k: v.to(trainer.accelerator.device) if torch.is_tensor(v) else v
-                                                     for k, v in batch.items()})
+        loss = trainer._compute_loss(
+            trainer.model, {k: v.to(trainer.accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        )
         m = trainer._metrics["train"]
-        return loss.item(), m["replay/importance_ratio_mean"][-1], m["replay/importance_ratio_max"][-1], \
-            m["replay/offpolicy_token_ratio"][-1]
+        return (
+            loss.item(),
+            m["replay/importance_ratio_mean"][-1],
+            m["replay/importance_ratio_max"][-1],
+            m["replay/offpolicy_token_ratio"][-1],
+        )
 
     base = loss_and_ratio(step1)
     garbled = dict(step1)
@@ -162,9 +200,12 @@ def test_tool_results_with_lone_surrogates_are_made_safe_to_tokenize(tmp_path):
     with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
         trainer.train()
     (batch,) = rec.batches
-    tool_text = [trainer.processing_class.decode(batch["completion_ids"][row][~batch["tool_mask"][row].bool()
-                                                                          & batch["completion_mask"][row].bool()])
-                 for row in range(4)]
+    tool_text = [
+        trainer.processing_class.decode(
+            batch["completion_ids"][row][~batch["tool_mask"][row].bool() & batch["completion_mask"][row].bool()]
+        )
+        for row in range(4)
+    ]
     assert "echo: a\ufffdb" in tool_text[0] and "echo: a\ufffdb" in tool_text[2]
     assert "Tool \\udcff not found" in tool_text[1]  # TRL's error text escapes it; the name was made safe
     assert trainer.state.log_history[0]["tools/unsafe_results"] == 4.0

@@ -17,12 +17,20 @@ def coin(completions, **kwargs):
 
 
 def dataset(n=6):
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}], "task_id": f"t{i}"} for i in range(n)])
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"Say {i}"}], "task_id": f"t{i}"} for i in range(n)]
+    )
 
 
 def args_for(tmp_path, **overrides):
-    defaults = dict(max_steps=4, replay_start_ratio=0.0, learning_rate=1e-2, max_completion_length=6,
-                    experience_lbound=0, temperature=1.0)
+    defaults = dict(
+        max_steps=4,
+        replay_start_ratio=0.0,
+        learning_rate=1e-2,
+        max_completion_length=6,
+        experience_lbound=0,
+        temperature=1.0,
+    )
     return cpu_test_args(tmp_path, ReplayGRPOConfig, **{**defaults, **overrides})
 
 
@@ -34,8 +42,11 @@ def test_real_training_replays_and_checkpoints_the_buffer(tmp_path):
     model, tokenizer = tiny_causal_lm(seed=1)
     before = [p.detach().clone() for p in model.parameters()]
     trainer = ReplayGRPOTrainer(
-        model=model, reward_funcs=coin, args=args_for(tmp_path, save_strategy="steps", save_steps=2),
-        train_dataset=dataset(), processing_class=tokenizer,
+        model=model,
+        reward_funcs=coin,
+        args=args_for(tmp_path, save_strategy="steps", save_steps=2),
+        train_dataset=dataset(),
+        processing_class=tokenizer,
     )
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -56,12 +67,22 @@ def test_real_training_replays_and_checkpoints_the_buffer(tmp_path):
 
 def test_resume_needs_the_replay_state(tmp_path):
     model, tokenizer = tiny_causal_lm()
-    trainer = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args_for(tmp_path, max_steps=1,
-                                save_strategy="steps", save_steps=1), train_dataset=dataset(), processing_class=tokenizer)
+    trainer = ReplayGRPOTrainer(
+        model=model,
+        reward_funcs=coin,
+        args=args_for(tmp_path, max_steps=1, save_strategy="steps", save_steps=1),
+        train_dataset=dataset(),
+        processing_class=tokenizer,
+    )
     trainer.train()
     (tmp_path / "checkpoint-1" / "replay_state.json").unlink()
-    resumed = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args_for(tmp_path, max_steps=2),
-                                train_dataset=dataset(), processing_class=tokenizer)
+    resumed = ReplayGRPOTrainer(
+        model=model,
+        reward_funcs=coin,
+        args=args_for(tmp_path, max_steps=2),
+        train_dataset=dataset(),
+        processing_class=tokenizer,
+    )
     with pytest.raises(CheckpointStateError, match=r"checkpoint-1/replay_state\.json is missing.*Resume from"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
 
@@ -69,10 +90,17 @@ def test_resume_needs_the_replay_state(tmp_path):
 def test_vllm_server_mode_generates_only_fresh_rows(tmp_path):
     model, tokenizer = tiny_causal_lm(seed=1)
     with LoopbackVLLMServer(model, tokenizer) as server, vllm_server_mode(server):
-        args = args_for(tmp_path, max_steps=4, use_vllm=True, vllm_mode="server",
-                        vllm_server_base_url=server.base_url, vllm_importance_sampling_mode="token_truncate")
-        trainer = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args, train_dataset=dataset(),
-                                    processing_class=tokenizer)
+        args = args_for(
+            tmp_path,
+            max_steps=4,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server.base_url,
+            vllm_importance_sampling_mode="token_truncate",
+        )
+        trainer = ReplayGRPOTrainer(
+            model=model, reward_funcs=coin, args=args, train_dataset=dataset(), processing_class=tokenizer
+        )
         with BatchRecorder(trainer) as rec:
             trainer.train()
     replayed = [(req, batch) for req, batch in zip(server.requests, rec.batches) if "exp_mask" in batch]
@@ -113,14 +141,22 @@ def test_vllm_rows_the_sampler_correction_masks_are_not_replayed(tmp_path):
 
     script = lambda text, j: ["ok!", "ok", "no", "no"][j]  # noqa: E731
     with SkewedSampler(model, tokenizer, script=script) as server, vllm_server_mode(server):
-        args = args_for(tmp_path, max_steps=3, use_vllm=True, vllm_mode="server",
-                        vllm_server_base_url=server.base_url, per_device_train_batch_size=8)
-        trainer = ReplayGRPOTrainer(model=model, reward_funcs=ok, args=args, train_dataset=dataset(),
-                                    processing_class=tokenizer)
+        args = args_for(
+            tmp_path,
+            max_steps=3,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server.base_url,
+            per_device_train_batch_size=8,
+        )
+        trainer = ReplayGRPOTrainer(
+            model=model, reward_funcs=ok, args=args, train_dataset=dataset(), processing_class=tokenizer
+        )
         update = trainer.experience.update
         trainer.experience.update = lambda outcomes, step: (
             offered.extend(tokenizer.decode(t.completion_ids) for o in outcomes for t in o.candidates),
-            update(outcomes, step))[1]
+            update(outcomes, step),
+        )[1]
         with BatchRecorder(trainer) as rec:
             trainer.train()
     assert offered and all(text.startswith("ok") and "!" not in text for text in offered)
@@ -142,8 +178,13 @@ def test_with_trl_old_log_probs_collection_reuses_them(tmp_path):
     # num_iterations=2: TRL computes old log-probs itself; collection reuses that forward (entropy switched on) and
     # on-policy rows keep TRL's values next to the recorded ones.
     model, tokenizer = tiny_causal_lm(seed=1)
-    trainer = ReplayGRPOTrainer(model=model, reward_funcs=coin, args=args_for(tmp_path, num_iterations=2, max_steps=6),
-                                train_dataset=dataset(), processing_class=tokenizer)
+    trainer = ReplayGRPOTrainer(
+        model=model,
+        reward_funcs=coin,
+        args=args_for(tmp_path, num_iterations=2, max_steps=6),
+        train_dataset=dataset(),
+        processing_class=tokenizer,
+    )
     with BatchRecorder(trainer) as rec:
         trainer.train()
     replayed = [b for b in rec.batches if "exp_mask" in b]

@@ -41,9 +41,16 @@ def script(prompt_text, k):
 def make_trainer(tmp_path, model=None, **overrides):
     tiny, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
-    settings = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, num_generations_confidence=2,
-                    confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False, max_completion_length=32,
-                    max_confidence_length=16)
+    settings = dict(
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        confidence_prompt=CONFIDENCE_PROMPT,
+        shuffle_dataset=False,
+        max_completion_length=32,
+        max_confidence_length=16,
+    )
     args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, **{**settings, **overrides})
     return RLCRMultiTurnTrainer(model=model or tiny, args=args, train_dataset=dataset, processing_class=tokenizer)
 
@@ -98,7 +105,7 @@ def test_turn_two_prompts_are_prefix_consistent(step):
     for i, turn2 in enumerate(second.prompt_ids):
         prompt, answer = first.prompt_ids[i // 2], first.completion_ids[i // 2]
         assert turn2[: len(prompt) + len(answer)] == prompt + answer  # exactly the sampled context
-        assert tok.decode(turn2[len(prompt) + len(answer):]) == (
+        assert tok.decode(turn2[len(prompt) + len(answer) :]) == (
             f"\n<|im_start|>user\n{CONFIDENCE_PROMPT}<|im_end|>\n<|im_start|>assistant\n"
         )
         # and the batch trains on that same prompt (left-padded)
@@ -108,7 +115,7 @@ def test_turn_two_prompts_are_prefix_consistent(step):
 
 def test_advantages_by_hand(step):
     _, _, batch, _ = step
-    std = 0.5 ** 0.5  # unbiased std of [1, 0]
+    std = 0.5**0.5  # unbiased std of [1, 0]
     answer = [0.5 / (std + 1e-4), -0.5 / (std + 1e-4)] * 2  # accuracy [1, 0] for both prompts
     # Brier 1 - (acc - c)^2, 0 when unparsable; confidence advantages subtract the sibling mean (no std scaling):
     #   answer 5  (acc 1): c .9 -> .99,  c .6 -> .84      mean .915   -> +.075, -.075
@@ -155,7 +162,9 @@ def test_metrics(step):
     assert log["calibration/ece"] == pytest.approx(0.31)
     assert log["calibration/brier"] == pytest.approx((0.01 + 0.16 + 0.64 + 0.0225 + 0.01) / 5)
     assert log["calibration/auroc"] == pytest.approx(5 / 6)
-    assert log["calibration/correlation"] == pytest.approx(np.corrcoef([0.9, 0.6, 0.8, 0.85, 0.1], [1, 1, 0, 1, 0])[0, 1])
+    assert log["calibration/correlation"] == pytest.approx(
+        np.corrcoef([0.9, 0.6, 0.8, 0.85, 0.1], [1, 1, 0, 1, 0])[0, 1]
+    )
     # siblings per answer: (.9, .6), (.8, -), (-, .85), (.1, -): one answer with two parsed, std 0.15
     assert log["confidence/sibling_std"] == pytest.approx(0.15)
     assert log["confidence/answer_std"] == pytest.approx(np.std([0.75, 0.8, 0.85, 0.1]))
@@ -169,7 +178,7 @@ def test_metrics(step):
 def test_lambdas_and_prompt_level_normalisation(tmp_path):
     trainer = make_trainer(tmp_path, lambda_ans=2.0, lambda_conf=0.5, confidence_normalization="answer_then_prompt")
     _, batch, _ = run_one_step(trainer)
-    std = 0.5 ** 0.5
+    std = 0.5**0.5
     torch.testing.assert_close(batch["advantages"][:4], torch.tensor([1, -1, 1, -1]) * 2 * 0.5 / (std + 1e-4))
     first = torch.tensor([0.075, -0.075, 0.18, -0.18, -0.48875, 0.48875, 0.495, -0.495])
     expected = torch.cat([g / (g.std() + 1e-4) for g in first.view(2, 4)]) * 0.5  # per prompt; mean is already 0
@@ -199,7 +208,7 @@ def test_truncated_answer_gets_end_of_turn_in_turn_two(tmp_path):
         trainer.train()
     turn2 = gen.calls[1].prompt_ids[0]
     prompt = gen.calls[0].prompt_ids[0]
-    assert turn2[len(prompt): len(prompt) + len(cut) + 1] == cut + [tok.eos_token_id]
+    assert turn2[len(prompt) : len(prompt) + len(cut) + 1] == cut + [tok.eos_token_id]
 
 
 class _RecordingWriter:
@@ -225,8 +234,11 @@ def test_histograms_reach_a_histogram_logger(tmp_path):
     trainer.add_callback(callback)
     run_one_step(trainer)
     histograms = writer.histograms
-    assert sorted(histograms) == ["histograms/answer/reward", "histograms/confidence/brier_reward",
-                                  "histograms/confidence/stated"]
+    assert sorted(histograms) == [
+        "histograms/answer/reward",
+        "histograms/confidence/brier_reward",
+        "histograms/confidence/stated",
+    ]
     assert sorted(histograms["histograms/confidence/stated"][0]) == pytest.approx(sorted([0.9, 0.6, 0.8, 0.85, 0.1]))
     assert sorted(histograms["histograms/answer/reward"][0]) == [0.0, 0.0, 1.0, 1.0]
 
@@ -277,11 +289,16 @@ def test_micro_batches_hold_whole_answer_families(tmp_path):
     assert [len(m["family"]) for m in micro] == [6, 6]
     families = [set(m["family"].tolist()) for m in micro]
     assert len(families[0]) == len(families[1]) == 2 and not families[0] & families[1]
-    seen = sorted((int(t), int(i), m["completion_ids"][r].tolist()) for m in micro
-                  for r, (t, i) in enumerate(zip(m["row_kind"], m["family"], strict=True)))
+    seen = sorted(
+        (int(t), int(i), m["completion_ids"][r].tolist())
+        for m in micro
+        for r, (t, i) in enumerate(zip(m["row_kind"], m["family"], strict=True))
+    )
     batch = rec.batches[0]
-    expected = sorted((int(t), int(i), batch["completion_ids"][r].tolist()) for r, (t, i) in
-                      enumerate(zip(batch["row_kind"], batch["family"], strict=True)))
+    expected = sorted(
+        (int(t), int(i), batch["completion_ids"][r].tolist())
+        for r, (t, i) in enumerate(zip(batch["row_kind"], batch["family"], strict=True))
+    )
     assert seen == expected
     assert batch["family"].tolist() == [0, 1, 2, 3] + [0, 0, 1, 1, 2, 2, 3, 3]
 
@@ -290,8 +307,9 @@ def test_share_prefix_falls_back_with_a_warning(tmp_path, caplog):
     model, tokenizer = tiny_causal_lm()
     model.config._attn_implementation = "flex_attention"
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2,
-                         num_generations_confidence=2)
+    args = cpu_test_args(
+        tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2, num_generations_confidence=2
+    )
     with caplog.at_level("WARNING"):
         trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     assert not trainer._share_prefix
@@ -304,13 +322,21 @@ def test_confidence_turn_old_and_ref_logprobs_are_scored_packed(tmp_path):
     tiny_checkpoint(tmp_path / "model", initializer_range=0.5)  # large weights: attention matters
     batches, packed_calls = {}, {}
     for share_prefix in (True, False):
-        trainer = make_trainer(tmp_path / str(share_prefix), num_iterations=2, beta=0.1, share_prefix=share_prefix,
-                               model=str(tmp_path / "model"))
+        trainer = make_trainer(
+            tmp_path / str(share_prefix),
+            num_iterations=2,
+            beta=0.1,
+            share_prefix=share_prefix,
+            model=str(tmp_path / "model"),
+        )
         calls = packed_calls[share_prefix] = {"policy": [], "ref": []}
         for name, module in (("policy", trainer.model), ("ref", trainer.ref_model)):
             module.register_forward_pre_hook(
-                lambda m, a, kw, calls=calls[name]: calls.append(kw["input_ids"].shape) if "shift_labels" in kw
-                else None, with_kwargs=True)
+                lambda m, a, kw, calls=calls[name]: (
+                    calls.append(kw["input_ids"].shape) if "shift_labels" in kw else None
+                ),
+                with_kwargs=True,
+            )
         with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
             trainer.train()
         batches[share_prefix] = rec.batches[0]

@@ -23,10 +23,12 @@ from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 QUESTIONS = [("What is 2+3?", "5"), ("What is 7*6?", "42")]
 REASONING = {"2+3": ["add", "guess"], "7*6": ["multiply", "no idea"]}
 ANSWERS = {"2+3": ["<answer>5</answer>", "<answer>6</answer>"], "7*6": ["<answer>42</answer>", "I don't know"]}
-CONFIDENCES = {"<answer>5</answer>": ["<confidence>0.9</confidence>", "<confidence>0.6</confidence>"],
-               "<answer>6</answer>": ["<confidence>0.8</confidence>", "<confidence>abc</confidence>"],
-               "<answer>42</answer>": ["<confidence>1.0</confidence>", "<confidence>0.5</confidence>"],
-               "I don't know": ["<confidence>0.1</confidence>", "no tags at all"]}
+CONFIDENCES = {
+    "<answer>5</answer>": ["<confidence>0.9</confidence>", "<confidence>0.6</confidence>"],
+    "<answer>6</answer>": ["<confidence>0.8</confidence>", "<confidence>abc</confidence>"],
+    "<answer>42</answer>": ["<confidence>1.0</confidence>", "<confidence>0.5</confidence>"],
+    "I don't know": ["<confidence>0.1</confidence>", "no tags at all"],
+}
 CONFIDENCE_PROMPT = "How confident are you? Reply <confidence>p</confidence>."
 
 
@@ -34,9 +36,19 @@ def run_step(tmp_path, template, thinking):
     model, tokenizer = tiny_qwen3_lm(template)
     kwargs = {"enable_thinking": thinking, **({"preserve_thinking": False} if template == "qwen3_8" else {})}
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "solution": s} for q, s in QUESTIONS])
-    args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, max_steps=1, per_device_train_batch_size=4, num_generations=2,
-                         num_generations_confidence=2, confidence_prompt=CONFIDENCE_PROMPT, shuffle_dataset=False,
-                         max_completion_length=32, max_confidence_length=16, chat_template_kwargs=kwargs)
+    args = cpu_test_args(
+        tmp_path,
+        RLCRMultiTurnConfig,
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        confidence_prompt=CONFIDENCE_PROMPT,
+        shuffle_dataset=False,
+        max_completion_length=32,
+        max_confidence_length=16,
+        chat_template_kwargs=kwargs,
+    )
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
 
     def script(prompt_text, k):
@@ -57,11 +69,18 @@ def run_step(tmp_path, template, thinking):
 def expected_conversation_text(tokenizer, template, kwargs, question, reasoning, answer, prompt_text):
     """TRL's training template's rendering of the conversation up to the confidence turn's generation prompt."""
     closed = prompt_text.endswith("</think>\n\n")
-    messages = [{"role": "user", "content": question},
-                {"role": "assistant", "content": answer, "reasoning_content": "" if closed else reasoning},
-                {"role": "user", "content": CONFIDENCE_PROMPT}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs,
-                                         chat_template=trl_chat_template(f"{template}_training"))
+    messages = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer, "reasoning_content": "" if closed else reasoning},
+        {"role": "user", "content": CONFIDENCE_PROMPT},
+    ]
+    return tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=True,
+        tokenize=False,
+        **kwargs,
+        chat_template=trl_chat_template(f"{template}_training"),
+    )
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["think", "nothink"])
@@ -79,8 +98,13 @@ def test_qwen3_exact_batch(qwen3_step):
 
     # Turn 1: the prompt as Qwen3 renders it (its template and the training one agree on a single user turn).
     for i, (question, _) in enumerate(QUESTIONS):
-        expected = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                           tokenize=False, chat_template=trl_chat_template("qwen3"), **kwargs)
+        expected = tok.apply_chat_template(
+            [{"role": "user", "content": question}],
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=trl_chat_template("qwen3"),
+            **kwargs,
+        )
         assert tok.decode(first.prompt_ids[2 * i]) == expected
         assert expected.endswith("<|im_start|>assistant\n" if thinking else "assistant\n<think>\n\n</think>\n\n")
 
@@ -89,14 +113,21 @@ def test_qwen3_exact_batch(qwen3_step):
     for i, turn2 in enumerate(second.prompt_ids):
         prompt, answer = first.prompt_ids[i // 2], first.completion_ids[i // 2]
         assert turn2[: len(prompt) + len(answer)] == prompt + answer
-        suffix = tok.decode(turn2[len(prompt) + len(answer):])
+        suffix = tok.decode(turn2[len(prompt) + len(answer) :])
         assert suffix == f"\n<|im_start|>user\n{CONFIDENCE_PROMPT}<|im_end|>\n<|im_start|>assistant\n" + (
-            "" if thinking else "<think>\n\n</think>\n\n")
+            "" if thinking else "<think>\n\n</think>\n\n"
+        )
         key = "2+3" if i < 4 else "7*6"
         question = QUESTIONS[i // 4][0]
         assert tok.decode(turn2) == expected_conversation_text(
-            tok, "qwen3", kwargs, question, REASONING[key][(i // 2) % 2], ANSWERS[key][(i // 2) % 2],
-            tok.decode(prompt))
+            tok,
+            "qwen3",
+            kwargs,
+            question,
+            REASONING[key][(i // 2) % 2],
+            ANSWERS[key][(i // 2) % 2],
+            tok.decode(prompt),
+        )
         n = int(batch["prompt_mask"][4 + i].sum())
         assert batch["prompt_ids"][4 + i, -n:].tolist() == turn2  # the batch trains on that same prompt
 
@@ -109,7 +140,7 @@ def test_qwen3_exact_batch(qwen3_step):
     assert trained[0] == f"{think}<answer>5</answer><|im_end|>"
     assert trained[3] == ("<think>\nno idea\n</think>\n\n" if thinking else "") + "I don't know<|im_end|>"
     assert trained[4] == "<confidence>0.9</confidence><|im_end|>"
-    std = 0.5 ** 0.5
+    std = 0.5**0.5
     answer_adv = [0.5 / (std + 1e-4), -0.5 / (std + 1e-4)] * 2  # accuracy [1, 0] for both prompts
     # Brier per answer (acc; c -> 1 - (acc - c)^2), minus the sibling mean:
     #   5 (1): .9 -> .99, .6 -> .84;  6 (0): .8 -> .36, abc -> 0;  42 (1): 1 -> 1, .5 -> .75;  ? (0): .1 -> .99, - -> 0
@@ -129,5 +160,11 @@ def test_every_qwen3_family_template_gives_prefix_consistent_turn_two(tmp_path, 
         assert turn2[: len(prompt) + len(answer)] == prompt + answer
         key = "2+3" if i < 4 else "7*6"
         assert tok.decode(turn2) == expected_conversation_text(
-            tok, template, kwargs, QUESTIONS[i // 4][0], REASONING[key][(i // 2) % 2], ANSWERS[key][(i // 2) % 2],
-            tok.decode(prompt))
+            tok,
+            template,
+            kwargs,
+            QUESTIONS[i // 4][0],
+            REASONING[key][(i // 2) % 2],
+            ANSWERS[key][(i // 2) % 2],
+            tok.decode(prompt),
+        )

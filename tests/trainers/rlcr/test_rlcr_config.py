@@ -58,8 +58,9 @@ def test_scale_rewards_booleans_map_like_trl(tmp_path):
 def test_dataset_problems_fail_at_init(tmp_path, rows, match):
     model, tokenizer = tiny_causal_lm()
     with pytest.raises(ValueError, match=match):
-        RLCRMultiTurnTrainer(model=model, args=config(tmp_path), train_dataset=Dataset.from_list(rows * 4),
-                             processing_class=tokenizer)
+        RLCRMultiTurnTrainer(
+            model=model, args=config(tmp_path), train_dataset=Dataset.from_list(rows * 4), processing_class=tokenizer
+        )
 
 
 def test_unsupported_trainer_arguments(tmp_path):
@@ -83,21 +84,30 @@ def test_reward_weights_count_the_reward_functions_passed(tmp_path):
     model, tokenizer = tiny_causal_lm()
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "q"}], "solution": "1"}] * 4)
     args = config(tmp_path, reward_weights=[0.5], accuracy_weight=2.0)
-    trainer = RLCRMultiTurnTrainer(model=model, reward_funcs=[brevity], args=args, train_dataset=data,
-                                   processing_class=tokenizer)
+    trainer = RLCRMultiTurnTrainer(
+        model=model, reward_funcs=[brevity], args=args, train_dataset=data, processing_class=tokenizer
+    )
     assert trainer.reward_func_names[1] == "brevity"
     assert trainer.reward_weights.tolist() == [2.0, 0.5]  # accuracy first
     assert args.reward_weights == [0.5]  # the config is left as given (reusable for another trainer)
-    assert RLCRMultiTurnTrainer(model=model, args=config(tmp_path), train_dataset=data,
-                                processing_class=tokenizer).reward_weights.tolist() == [1.0]
+    assert RLCRMultiTurnTrainer(
+        model=model, args=config(tmp_path), train_dataset=data, processing_class=tokenizer
+    ).reward_weights.tolist() == [1.0]
 
 
 def test_reward_weights_counting_accuracy_is_a_clear_error(tmp_path):
     model, tokenizer = tiny_causal_lm()
-    with pytest.raises(ValueError, match=r"reward_weights has 2 weights for 1 reward functions passed to the trainer"
-                                         r".*accuracy reward's weight is accuracy_weight"):
-        RLCRMultiTurnTrainer(model=model, reward_funcs=[brevity], args=config(tmp_path, reward_weights=[1.0, 0.5]),
-                             processing_class=tokenizer)
+    with pytest.raises(
+        ValueError,
+        match=r"reward_weights has 2 weights for 1 reward functions passed to the trainer"
+        r".*accuracy reward's weight is accuracy_weight",
+    ):
+        RLCRMultiTurnTrainer(
+            model=model,
+            reward_funcs=[brevity],
+            args=config(tmp_path, reward_weights=[1.0, 0.5]),
+            processing_class=tokenizer,
+        )
 
 
 def test_accuracy_weight_must_be_finite(tmp_path):

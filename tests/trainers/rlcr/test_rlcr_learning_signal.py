@@ -57,14 +57,23 @@ def test_multi_turn_learns_confidence_from_the_answer(tmp_path, share_prefix):
 
     # 4 prompts x 2 answers x 4 confidences: 8 answers and 32 confidences per step
     args = cpu_test_args(
-        tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=8, num_generations=2, num_generations_confidence=4,
-        max_completion_length=24, max_confidence_length=1, confidence_prompt=CONFIDENCE_PROMPT, lenient_parsing=True,
-        share_prefix=share_prefix, confidence_generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)},
+        tmp_path,
+        RLCRMultiTurnConfig,
+        per_device_train_batch_size=8,
+        num_generations=2,
+        num_generations_confidence=4,
+        max_completion_length=24,
+        max_confidence_length=1,
+        confidence_prompt=CONFIDENCE_PROMPT,
+        lenient_parsing=True,
+        share_prefix=share_prefix,
+        confidence_generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)},
         **SETTINGS,
     )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT}], "solution": "0"}] * 64)
-    trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                                   accuracy_func=even_is_right)
+    trainer = RLCRMultiTurnTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, accuracy_func=even_is_right
+    )
     with ScriptedGeneration(trainer, script):
         trainer.train()
 
@@ -90,11 +99,21 @@ def test_single_turn_control_learns_the_same_signal(tmp_path):
 
     # 8 answers x 4 confidences per step, as above
     args = cpu_test_args(
-        tmp_path, GRPOConfig, per_device_train_batch_size=32, num_generations=4, max_completion_length=1,
-        generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)}, **SETTINGS,
+        tmp_path,
+        GRPOConfig,
+        per_device_train_batch_size=32,
+        num_generations=4,
+        max_completion_length=1,
+        generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)},
+        **SETTINGS,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=[recorded_brier], args=args,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[recorded_brier],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
     trainer.train()
     aurocs = [a for step in pairs if (a := auroc([c for c, _ in step], [y for _, y in step])) is not None]
     assert len(aurocs) >= STEPS - 2, aurocs

@@ -25,8 +25,14 @@ def dataset(n=8):
 
 
 def args_for(tmp_path, **overrides):
-    defaults = dict(per_device_train_batch_size=4, num_generations=2, num_generations_confidence=2,
-                    max_completion_length=12, max_confidence_length=8, learning_rate=1e-2)
+    defaults = dict(
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_generations_confidence=2,
+        max_completion_length=12,
+        max_confidence_length=8,
+        learning_rate=1e-2,
+    )
     return cpu_test_args(tmp_path, RLCRMultiTurnConfig, **{**defaults, **overrides})
 
 
@@ -67,8 +73,14 @@ def test_real_generation_trains_and_resumes(tmp_path):
 def test_vllm_server_mode(tmp_path):
     model, tokenizer = tiny_causal_lm()
     with LoopbackVLLMServer(model, tokenizer) as server, vllm_server_mode(server):
-        args = args_for(tmp_path, max_steps=2, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.base_url,
-                        vllm_importance_sampling_mode="token_truncate")
+        args = args_for(
+            tmp_path,
+            max_steps=2,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server.base_url,
+            vllm_importance_sampling_mode="token_truncate",
+        )
         trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset(), processing_class=tokenizer)
         with BatchRecorder(trainer) as rec:
             trainer.train()

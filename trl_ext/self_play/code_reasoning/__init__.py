@@ -14,5 +14,14 @@ from .family import (
 )
 
 
-__all__ = ["TASK_TYPES", "ZERO_TRIPLET", "CodeTaskState", "code_reasoning_task", "make_correctness_reward",
-           "make_format_reward", "make_proposal_parser", "seed_prompts", "solver_prompt"]
+__all__ = [
+    "TASK_TYPES",
+    "ZERO_TRIPLET",
+    "CodeTaskState",
+    "code_reasoning_task",
+    "make_correctness_reward",
+    "make_format_reward",
+    "make_proposal_parser",
+    "seed_prompts",
+    "solver_prompt",
+]

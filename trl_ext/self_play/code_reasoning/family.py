@@ -60,11 +60,23 @@ class CodeTaskState(TaskState):
         execute_many: The batched executor; defaults to `trl_ext.sandbox.execute_many` (tests pass a fake).
     """
 
-    def __init__(self, num_references: int = 4, num_inputs: int = 6, min_pairs: int = 2,
-                 max_buffer_size: int = 4096, timeout_s: float = 5.0, memory_mb: int = 512,
-                 max_workers: int | None = None, execute_many: ExecuteMany | None = None):
-        for name, value, low in (("num_references", num_references, 1), ("num_inputs", num_inputs, 2),
-                                 ("min_pairs", min_pairs, 2), ("max_buffer_size", max_buffer_size, 1)):
+    def __init__(
+        self,
+        num_references: int = 4,
+        num_inputs: int = 6,
+        min_pairs: int = 2,
+        max_buffer_size: int = 4096,
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        max_workers: int | None = None,
+        execute_many: ExecuteMany | None = None,
+    ):
+        for name, value, low in (
+            ("num_references", num_references, 1),
+            ("num_inputs", num_inputs, 2),
+            ("min_pairs", min_pairs, 2),
+            ("max_buffer_size", max_buffer_size, 1),
+        ):
             if value < low:
                 raise ValueError(f"{name} must be at least {low} (got {value}).")
         if min_pairs > num_inputs:
@@ -125,8 +137,9 @@ class CodeTaskState(TaskState):
             for _ in inputs:
                 first, second = next(results), next(results)
                 gold = output_repr(first)
-                deterministic = gold is not None and output_repr(second) is not None and values_equal(
-                    first.value, second.value)
+                deterministic = (
+                    gold is not None and output_repr(second) is not None and values_equal(first.value, second.value)
+                )
                 outputs.append(gold if deterministic else None)
             validated.append(self._complete(question, program, inputs, outputs))
         return validated
@@ -148,7 +161,7 @@ class CodeTaskState(TaskState):
             args = parse_input(text)
             if args is not None:
                 distinct.setdefault(repr(args), args)
-        chosen = list(distinct.values())[:self.num_inputs]
+        chosen = list(distinct.values())[: self.num_inputs]
         return (program, chosen) if len(chosen) >= self.min_pairs else None
 
     def _complete(self, question, program, inputs, outputs) -> dict[str, Any] | None:
@@ -156,14 +169,18 @@ class CodeTaskState(TaskState):
         if task_type != "induction":
             if outputs[0] is None:
                 return None
-            return {"task_type": task_type, "program": program, "input": format_input(inputs[0]),
-                    "output": outputs[0]}
+            return {"task_type": task_type, "program": program, "input": format_input(inputs[0]), "output": outputs[0]}
         pairs = [[format_input(args), out] for args, out in zip(inputs, outputs, strict=True) if out is not None]
         if len(pairs) < self.min_pairs:
             return None
         shown = (len(pairs) + 1) // 2
-        return {"task_type": task_type, "program": program, "message": question["message"].strip(),
-                "visible": pairs[:shown], "hidden": pairs[shown:]}
+        return {
+            "task_type": task_type,
+            "program": program,
+            "message": question["message"].strip(),
+            "visible": pairs[:shown],
+            "hidden": pairs[shown:],
+        }
 
     def update(self, questions: list[dict[str, Any]]) -> None:
         """Add the valid deduction and abduction triplets not yet in the buffer (induction reuses buffer programs)."""
@@ -172,7 +189,7 @@ class CodeTaskState(TaskState):
             if q.get("task_type") in ("deduction", "abduction") and (q["program"], q["input"]) not in known:
                 known.add((q["program"], q["input"]))
                 self.triplets.append({"program": q["program"], "input": q["input"], "output": q["output"]})
-        del self.triplets[:max(0, len(self.triplets) - self.max_buffer_size)]
+        del self.triplets[: max(0, len(self.triplets) - self.max_buffer_size)]
 
     def state_dict(self) -> dict[str, Any]:
         return {"triplets": [dict(t) for t in self.triplets]}
@@ -180,9 +197,14 @@ class CodeTaskState(TaskState):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         triplets = state.get("triplets") if isinstance(state, dict) else None
         keys = set(ZERO_TRIPLET)
-        if not isinstance(triplets, list) or not triplets or not all(
+        if (
+            not isinstance(triplets, list)
+            or not triplets
+            or not all(
                 isinstance(t, dict) and set(t) == keys and all(isinstance(v, str) for v in t.values())
-                for t in triplets):
+                for t in triplets
+            )
+        ):
             raise ValueError(
                 "code task state must be {'triplets': [{'program': str, 'input': str, 'output': str}, ...]} with at "
                 "least one triplet; the checkpoint's task state is malformed."
@@ -200,8 +222,11 @@ def make_proposal_parser(lenient: bool = False):
     labels = PROGRAM_LABELS + (("",) if lenient else ())
 
     def parse_proposal(text: str) -> dict[str, Any] | None:
-        fields = {"program": last_block(text, *labels), "inputs": blocks_labeled(text, "input"),
-                  "message": last_block(text, "message")}
+        fields = {
+            "program": last_block(text, *labels),
+            "inputs": blocks_labeled(text, "input"),
+            "message": last_block(text, "message"),
+        }
         return fields if fields["program"] is not None or fields["inputs"] else None
 
     return parse_proposal
@@ -214,8 +239,9 @@ def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> list[dict[st
     elif task_type == "abduction":
         content = prompts.SOLVE_ABDUCTION.format(program=question["program"], output=question["output"])
     else:
-        content = prompts.SOLVE_INDUCTION.format(pairs=prompts.pairs_text(question["visible"]),
-                                                 message=question["message"])
+        content = prompts.SOLVE_INDUCTION.format(
+            pairs=prompts.pairs_text(question["visible"]), message=question["message"]
+        )
     return [{"role": "user", "content": content}]
 
 
@@ -297,8 +323,9 @@ def seed_prompts(n: int, seed: int = 0, task_types: Sequence[str] = TASK_TYPES) 
         raise ValueError(f"task_types must be a non-empty subset of {TASK_TYPES} (got {list(task_types)}).")
     kinds = [task_types[i % len(task_types)] for i in range(n)]
     random.Random(seed).shuffle(kinds)
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": f"Propose a {kind} task."}], "task_type": kind}
-                              for kind in kinds])
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"Propose a {kind} task."}], "task_type": kind} for kind in kinds]
+    )
 
 
 def code_reasoning_task(lenient: bool = False, **state_kwargs) -> TaskFamily:
@@ -318,7 +345,11 @@ def code_reasoning_task(lenient: bool = False, **state_kwargs) -> TaskFamily:
         state=state,
         heldout_questions=make_heldout_questions(state.validate),
         heldout_breakdown="task_type",
-        learning_curves=("proposer/invalid_rate", "unified_filter/learnable_ratio", "solver/code_correct_mean",
-                         "task/buffer_size"),
+        learning_curves=(
+            "proposer/invalid_rate",
+            "unified_filter/learnable_ratio",
+            "solver/code_correct_mean",
+            "task/buffer_size",
+        ),
         card_metrics={"solver accuracy": "solver/code_correct_mean", "buffer size": "task/buffer_size"},
     )

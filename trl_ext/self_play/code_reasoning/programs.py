@@ -57,8 +57,9 @@ def check_program(source: Any) -> str | None:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
-    defines = any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == ENTRY
-                  for node in tree.body)
+    defines = any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == ENTRY for node in tree.body
+    )
     return source if defines else None
 
 
@@ -77,8 +78,13 @@ def parse_input(text: Any) -> tuple | None:
         return None
     try:
         call = ast.parse(f"{ENTRY}({text}\n)", mode="eval").body  # the newline ends a trailing comment
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == ENTRY
-                and call.args and not call.keywords):
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == ENTRY
+            and call.args
+            and not call.keywords
+        ):
             return None
         args = tuple(ast.literal_eval(arg) for arg in call.args)  # a starred argument is not a literal
         if ast.literal_eval(repr(args)) != args:
@@ -128,12 +134,14 @@ def calls_snippet(program: str, inputs: list[tuple]) -> str:
     outside the program's namespace (an imported module, `builtins`) is shared by the calls of one execution.
     """
     code, scope, args = f"{RESULT_VAR}_code", f"{RESULT_VAR}_scope", f"{RESULT_VAR}_args"
-    return (f"{code}, {RESULT_VAR}_inputs = compile({program!r}, '<snippet>', 'exec'), {inputs!r}\n"
-            f"{RESULT_VAR} = []\n"
-            f"for {args} in {RESULT_VAR}_inputs:\n"
-            f"    {scope} = {{'__name__': '__main__', '__builtins__': __builtins__}}\n"
-            f"    exec({code}, {scope})\n"
-            f"    {RESULT_VAR}.append({scope}[{ENTRY!r}](*{args}))\n")
+    return (
+        f"{code}, {RESULT_VAR}_inputs = compile({program!r}, '<snippet>', 'exec'), {inputs!r}\n"
+        f"{RESULT_VAR} = []\n"
+        f"for {args} in {RESULT_VAR}_inputs:\n"
+        f"    {scope} = {{'__name__': '__main__', '__builtins__': __builtins__}}\n"
+        f"    exec({code}, {scope})\n"
+        f"    {RESULT_VAR}.append({scope}[{ENTRY!r}](*{args}))\n"
+    )
 
 
 def output_repr(result) -> str | None:

@@ -34,9 +34,9 @@ Here are earlier puzzles; make yours different from all of them.
 
 GOALS = {
     "deduction": "A solver will see the function and the input and must work out the output, so make the "
-                 "computation take several careful steps.",
+    "computation take several careful steps.",
     "abduction": "A solver will see the function and its output and must find an input that produces it, so make "
-                 "the output hard to invert.",
+    "the output hard to invert.",
 }
 
 PROPOSE_INPUTS = """Here is a Python function. Write {num_inputs} different inputs for it, each in its own ```input \
