@@ -66,7 +66,7 @@ MOVED_MODULES = {
     "trl_ext.rlcr_evaluation": "trl_ext.evaluation.rlcr",
     "trl_ext.tasks": "trl_ext.self_play",
     "trl_ext.tasks.evaluation": "trl_ext.evaluation.solver",
-    "trl_ext.tasks.workspace_warmup": "trl_ext.models.workspace_warmup",
+    "trl_ext.tasks.workspace_warmup": "trl_ext.self_play.workspace_warmup",
     "trl_ext.tool_chat_template": "trl_ext.models.chat_template",
     "trl_ext.user_calls": "trl_ext.rewards.user_calls",
     "trl_ext.warmup": "trl_ext.models.warmup",

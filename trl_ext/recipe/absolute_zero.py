@@ -80,7 +80,7 @@ class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             Workspace family: generated task configs for a supervised format warm-up before self-play, two examples
             each (proposer: the task config in `<question>` tags; solver: an episode of one tool call, the goal action
             (probability 0.7) or a look drawn independently of safety, and a short answer; see
-            [`~trl_ext.models.workspace_warmup`]). Built once per distinct inputs and cached like the embedded
+            [`~trl_ext.self_play.workspace_warmup`]). Built once per distinct inputs and cached like the embedded
             default. 0 skips it.
     """
 

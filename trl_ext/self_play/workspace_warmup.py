@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from ..environments import TASK_COLUMN, WorkspaceEnvironment
-from ..self_play.workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt, solver_prompt
+from .workspace_prompts import SEED_TASKS, parse_workspace_proposal, proposer_prompt, solver_prompt
 
 
 _PLAIN = [

@@ -9,7 +9,8 @@ import pytest
 
 from trl_ext.environments import TASK_COLUMN, WorkspaceEnvironment
 from trl_ext.models.chat_template import use_tool_chat_template
-from trl_ext.models.workspace_warmup import (
+from trl_ext.self_play.workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt
+from trl_ext.self_play.workspace_warmup import (
     ACT_PROBABILITY,
     environment_tools,
     generate_task,
@@ -17,7 +18,6 @@ from trl_ext.models.workspace_warmup import (
     look_action,
     workspace_format_examples,
 )
-from trl_ext.self_play.workspace import SEED_TASKS, parse_workspace_proposal, proposer_prompt
 from trl_ext.testing import tiny_tokenizer
 
 
