@@ -93,7 +93,7 @@ def score_replies(
     return [float(score) for score in scores]
 
 
-def _reply_message(tokenizer, completion_ids: list[int], prompt_ids: list[int]) -> dict[str, Any]:
+def reply_message(tokenizer, completion_ids: list[int], prompt_ids: list[int]) -> dict[str, Any]:
     """The completion as TRL's `_generate` turns it into a message: parsed by the tokenizer's response parser when it
     has one, else decoded without special tokens."""
     if any(getattr(tokenizer, name, None) is not None for name in ("response_template", "response_schema")):
@@ -139,7 +139,7 @@ def evaluate_solver(
             )["input_ids"]
             prompt_ids = [[int(t) for t in ids] for ids in prompt_ids]
             completions = greedy_completions(model, tokenizer, prompt_ids, max_new_tokens)
-            replies += [_reply_message(tokenizer, c, p) for c, p in zip(completions, prompt_ids, strict=True)]
+            replies += [reply_message(tokenizer, c, p) for c, p in zip(completions, prompt_ids, strict=True)]
             completion_ids += completions
     finally:
         model.train(was_training)

@@ -24,6 +24,16 @@ class TrlExtGRPOConfig(GRPOConfig):
             backward pass. TRL's default for GRPO.
         gradient_checkpointing (`bool`, *optional*):
             Deprecated alias of `activation_checkpointing` (transformers 5); used only when that is unset.
+
+        > Parameters of the held-out evaluation (`trainer.evaluate()`, run every `eval_steps` with
+        > `eval_strategy="steps"` on `eval_dataset`; see docs/recipes.md#held-out-evaluation-during-training)
+
+        eval_temperature (`float`, *optional*, defaults to `0.0`):
+            Sampling temperature of the evaluation's generation. `0.0` is greedy decoding. The turn's other generation
+            settings (`generation_kwargs`, ...) are kept; its length is the training turn's.
+        num_eval_samples (`int`, *optional*, defaults to `1`):
+            Completions sampled per evaluation question (k, for mean@k and pass@k). Above 1 it needs
+            `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`.
     """
 
     activation_checkpointing: bool | None = field(
@@ -34,9 +44,27 @@ class TrlExtGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Deprecated alias of `activation_checkpointing`."}
     )
 
+    eval_temperature: float = field(
+        default=0.0,
+        metadata={"help": "Sampling temperature of the held-out evaluation's generation; 0 is greedy decoding."},
+    )
+    num_eval_samples: int = field(
+        default=1,
+        metadata={"help": "Completions per evaluation question (k of mean@k); above 1 needs eval_temperature > 0."},
+    )
+
     def __post_init__(self):
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
+        if not self.eval_temperature >= 0:
+            raise ValueError(f"eval_temperature must be >= 0 (0 is greedy decoding), got {self.eval_temperature}.")
+        if self.num_eval_samples < 1:
+            raise ValueError(f"num_eval_samples must be at least 1, got {self.num_eval_samples}.")
+        if self.num_eval_samples > 1 and self.eval_temperature == 0:
+            raise ValueError(
+                f"num_eval_samples={self.num_eval_samples} with eval_temperature=0: greedy decoding gives the same "
+                "completion every time; set eval_temperature > 0 to sample them, or num_eval_samples=1."
+            )
         super().__post_init__()
 
     def check_generation_kwargs(self, name: str, length_field: str | None, one_per_request: bool = False) -> None:

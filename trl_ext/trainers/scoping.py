@@ -5,7 +5,7 @@ generation settings those calls swap in (docs/design.md#per-turn-generation-sett
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transformers import GenerationConfig
 
@@ -19,6 +19,9 @@ class TurnGeneration:
     regex: str | None = None
     config: GenerationConfig | None = None
     config_kwargs: dict | None = None
+    temperature: float | None = None
+    """vLLM's sampling temperature for this turn (`None`: the trainer's `temperature`); transformers reads it from
+    `config`."""
 
 
 def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) -> dict[str, TurnGeneration]:
@@ -39,11 +42,42 @@ def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) 
     return settings
 
 
+def standing_generation(trainer) -> TurnGeneration:
+    """The settings the trainer generates with now (its main turn's), as a `TurnGeneration`."""
+    if trainer.use_vllm:
+        vllm = trainer.vllm_generation
+        return TurnGeneration(dict(vllm.generation_kwargs or {}), vllm.structured_outputs_regex)
+    return TurnGeneration({}, None, trainer.generation_config, dict(trainer.generation_kwargs))
+
+
+def evaluation_generation(trainer, turn: TurnGeneration, temperature: float, seed: int) -> TurnGeneration:
+    """`turn`'s settings for a held-out evaluation: greedy when `temperature` is 0, else sampled at `temperature`.
+
+    The turn's other settings (stop strings, penalties, its regex) are kept. With vLLM in server mode a sampled
+    evaluation sends `seed` with each request (its samples of a question are one request, `n` of them); in colocate
+    mode each sample is a request of its own, so a seed would make them identical and none is sent. Transformers
+    generation is seeded by the caller (`torch` RNG)."""
+    if trainer.use_vllm:
+        kwargs = dict(turn.kwargs)
+        if temperature > 0 and trainer.vllm_mode == "server":
+            kwargs["seed"] = seed
+        return replace(turn, kwargs=kwargs, temperature=float(temperature))
+    if temperature > 0:
+        sampling = {"do_sample": True, "temperature": float(temperature)}
+    else:
+        sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None}
+    merged = {**(turn.config_kwargs or {}), **sampling}
+    return TurnGeneration(turn.kwargs, turn.regex, GenerationConfig(**merged, disable_compile=True), merged)
+
+
 def _generation_attributes(trainer, turn: TurnGeneration) -> list[tuple[object, str, object]]:
     """`(container, key, value)` triples that make the generation backend use `turn`'s settings."""
     if trainer.use_vllm:
         vllm = trainer.vllm_generation
-        return [(vllm, "generation_kwargs", turn.kwargs), (vllm, "structured_outputs_regex", turn.regex)]
+        swaps = [(vllm, "generation_kwargs", turn.kwargs), (vllm, "structured_outputs_regex", turn.regex)]
+        if turn.temperature is not None:
+            swaps.append((vllm, "temperature", turn.temperature))
+        return swaps
     return [(trainer, "generation_config", turn.config), (trainer, "generation_kwargs", turn.config_kwargs)]
 
 
