@@ -39,10 +39,12 @@ from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attenti
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..evaluation.calibration import calibration_report
-from ..rewards import extract_confidence, make_accuracy_reward, make_brier_reward
+from ..evaluation.heldout_metrics import calibration_metrics
+from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
 from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
+from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
@@ -68,7 +70,9 @@ class ForwardRows:
     families: torch.Tensor | None = None
 
 
-class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, VLLMContextLimit, GRPOTrainer):
+class RLCRMultiTurnTrainer(
+    CheckpointStateMixin, ModelCardMixin, HeldoutEvaluation, RecordsCalls, VLLMContextLimit, GRPOTrainer
+):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
     Args:
@@ -81,6 +85,9 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
         **kwargs: `train_dataset`, `eval_dataset`, `processing_class`, `reward_processing_classes`, `callbacks`,
             `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a conversational `prompt` column
             and the gold answer in `args.solution_column`.
+
+    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) answers `eval_dataset`'s questions, asks the
+    confidence turn on each answer, and logs accuracy and calibration (`_heldout_metrics`).
 
     Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
     with the row kind in `row_kind` (0 answer, 1 confidence), the row's family in `family` (the
@@ -355,6 +362,39 @@ class RLCRMultiTurnTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, V
             self.recording() as record,
         ):
             yield record
+
+    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    def _heldout_records(self, rows, num_samples):
+        """Answer each question `num_samples` times, then one confidence turn on each fixed answer, built on tokens
+        as in training (`FollowUpTurn.prompt_ids`). Per sample: correctness (accuracy reward; `None` without gold),
+        whether an answer could be parsed, and the stated confidence (`None`: unparsable)."""
+        args = self.args
+        prompts = [row["prompt"] for row in rows]
+        prompt_ids = [ids for ids in self._heldout_prompt_ids(prompts) for _ in range(num_samples)]
+        answer_ids = self._heldout_generate(
+            prompt_ids[::num_samples], num_samples, self._generation["answer"], args.max_completion_length
+        )
+        sample_rows = [row for row in rows for _ in range(num_samples)]
+        completions = self._heldout_completions(prompt_ids, answer_ids)
+        rewards = self._heldout_rewards(sample_rows, [row["prompt"] for row in sample_rows], completions, answer_ids)
+        turn2 = [self._turn.prompt_ids(p, a, self.eos_token_ids) for p, a in zip(prompt_ids, answer_ids, strict=True)]
+        confidence_ids = self._heldout_generate(turn2, 1, self._generation["confidence"], args.max_confidence_length)
+        answers = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
+        confidences = self.processing_class.batch_decode(confidence_ids, skip_special_tokens=True)
+        return [
+            {
+                "correct": nan_to_none(reward),
+                "answer_parsed": bool(extract_answer(answer, args.answer_tag, args.lenient_parsing)),
+                "confidence": extract_confidence(confidence, args.confidence_tag, args.lenient_parsing),
+            }
+            for reward, answer, confidence in zip(rewards[:, 0].tolist(), answers, confidences, strict=True)
+        ]
+
+    def _heldout_metrics(self, rows, records):
+        metrics = calibration_metrics([r["correct"] for r in records], [r["confidence"] for r in records])
+        metrics["answer/parse_fail_rate"] = 1.0 - sum(r["answer_parsed"] for r in records) / len(records)
+        metrics["num_questions"] = float(len(rows))
+        return metrics
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
