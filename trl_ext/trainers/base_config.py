@@ -33,7 +33,9 @@ class TrlExtGRPOConfig(GRPOConfig):
             settings (`generation_kwargs`, ...) are kept; its length is the training turn's.
         num_eval_samples (`int`, *optional*, defaults to `1`):
             Completions sampled per evaluation question (k, for mean@k and pass@k). Above 1 it needs
-            `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`.
+            `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`. TRL's
+            `num_generations_eval`, the group size of TRL's own evaluation loop (which the held-out evaluation
+            replaces), defaults to it, so TRL's eval batch-size check reads this count.
     """
 
     activation_checkpointing: bool | None = field(
@@ -65,6 +67,8 @@ class TrlExtGRPOConfig(GRPOConfig):
                 f"num_eval_samples={self.num_eval_samples} with eval_temperature=0: greedy decoding gives the same "
                 "completion every time; set eval_temperature > 0 to sample them, or num_eval_samples=1."
             )
+        if self.num_generations_eval is None:
+            self.num_generations_eval = self.num_eval_samples
         super().__post_init__()
 
     def check_generation_kwargs(self, name: str, length_field: str | None, one_per_request: bool = False) -> None:

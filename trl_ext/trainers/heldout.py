@@ -26,6 +26,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import gather_object
+from trl.data_utils import is_conversational
 
 from ..evaluation.solver import reply_message
 from .scoping import TurnGeneration, evaluation_generation, scoped_call
@@ -130,8 +131,11 @@ class HeldoutEvaluation:
         """Generation prompt ids of conversations, rendered as TRL renders its training prompts."""
         return [list(ids) for ids in self._tokenize_prompts(prompts)[0]]
 
-    def _heldout_completions(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list:
-        """The completions as TRL's `_generate` passes them to reward functions (conversational: one message)."""
+    def _heldout_completions(self, prompts: list, prompt_ids: list[list[int]], completion_ids: list[list[int]]):
+        """The completions as TRL's `_generate` passes them to reward functions: a one-message list per completion
+        of a conversation (parsed by the tokenizer's response parser when it has one), else the decoded text."""
+        if not is_conversational({"prompt": prompts[0]}):
+            return self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         return [[reply_message(self._tokenizer, c, p)] for p, c in zip(prompt_ids, completion_ids, strict=True)]
 
     def _heldout_rewards(self, rows, prompts, completions, completion_ids) -> torch.Tensor:

@@ -41,12 +41,14 @@ from ..core.experience import (
     task_id_of,
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
+from ..evaluation.heldout_metrics import sample_accuracy
 from .call_record import CallRecord, RecordsCalls
+from .heldout import HeldoutEvaluation
 from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .row_batches import local_rows
-from .scoping import scoped_call
+from .scoping import scoped_call, standing_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
 
@@ -134,7 +136,9 @@ class ReplayBatch(CallRecord):
     """The rows to store, while they wait for the loss forward's log-probs."""
 
 
-class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, CollectiveToolRounds, GRPOTrainer):
+class ReplayGRPOTrainer(
+    CheckpointStateMixin, ModelCardMixin, HeldoutEvaluation, RecordsCalls, CollectiveToolRounds, GRPOTrainer
+):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
     Args:
@@ -152,6 +156,9 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
     prompt, the stored messages and completion ids). The environment's `get_reward` column and reward functions that
     declare an `environments` parameter keep the values recorded when the episode ran: the environment that ran it is
     gone (the one TRL draws for the replayed row is reset but never acted on).
+
+    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) answers `eval_dataset`'s prompts
+    (`num_eval_samples` each) and logs the success rate (`accuracy`, mean@k, pass@k) and each reward's mean.
 
     Batch keys added once replay groups exist: `exp_mask` (B, T), 1 on off-policy completion tokens;
     `old_per_token_logps` holding the recorded log-probs on those rows (and TRL's old log-probs on the others when it
@@ -458,6 +465,42 @@ class ReplayGRPOTrainer(CheckpointStateMixin, ModelCardMixin, RecordsCalls, Coll
             else:
                 kept += 1
         return replaced, kept
+
+    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    def _heldout_records(self, rows, num_samples):
+        """`num_samples` answers per prompt with the training turn's settings, scored by every reward function.
+        Per sample: each reward (`None` when not applicable) and success as in training (`None`: not judged)."""
+        prompts = [row["prompt"] for row in rows]
+        prompt_ids = self._heldout_prompt_ids(prompts)
+        completion_ids = self._heldout_generate(
+            prompt_ids, num_samples, standing_generation(self), self.args.max_completion_length
+        )
+        sample_rows = [row for row in rows for _ in range(num_samples)]
+        sample_prompts = [row["prompt"] for row in sample_rows]
+        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
+        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
+        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
+        success, scored = self._success(rewards).tolist(), self._scored(rewards).tolist()
+        return [
+            {
+                "rewards": [None if math.isnan(value) else value for value in values],
+                "success": float(ok) if judged else None,
+            }
+            for values, ok, judged in zip(rewards.tolist(), success, scored, strict=True)
+        ]
+
+    def _heldout_metrics(self, rows, records):
+        """`accuracy` (the success rate), `mean@k`, `pass@k` and counts (`trl_ext.evaluation.heldout_metrics`), then
+        `rewards/<name>/mean` per reward function and `reward`, the weighted sum's mean, as TRL logs them."""
+        k = len(records) // len(rows)
+        metrics = sample_accuracy([[r["success"] for r in records[i * k : (i + 1) * k]] for i in range(len(rows))])
+        rewards = torch.tensor([[math.nan if v is None else v for v in r["rewards"]] for r in records])
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"] = rewards[:, i].nanmean().item()
+        scored = ~torch.isnan(rewards).all(dim=1)
+        total = (rewards * self.reward_weights.cpu()).nansum(dim=1)[scored]
+        metrics["reward"] = total.mean().item() if total.numel() else math.nan
+        return metrics
 
     def _success(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
         values = rewards_per_func[:, self._success_index]

@@ -375,8 +375,9 @@ class RLCRMultiTurnTrainer(
             prompt_ids[::num_samples], num_samples, self._generation["answer"], args.max_completion_length
         )
         sample_rows = [row for row in rows for _ in range(num_samples)]
-        completions = self._heldout_completions(prompt_ids, answer_ids)
-        rewards = self._heldout_rewards(sample_rows, [row["prompt"] for row in sample_rows], completions, answer_ids)
+        sample_prompts = [row["prompt"] for row in sample_rows]
+        completions = self._heldout_completions(sample_prompts, prompt_ids, answer_ids)
+        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, answer_ids)
         turn2 = [self._turn.prompt_ids(p, a, self.eos_token_ids) for p, a in zip(prompt_ids, answer_ids, strict=True)]
         confidence_ids = self._heldout_generate(turn2, 1, self._generation["confidence"], args.max_confidence_length)
         answers = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
