@@ -249,7 +249,8 @@ def main(script_args, training_args, model_args):
         reward_funcs=task.reward_funcs,
         args=training_args,
         train_dataset=train,
-        eval_dataset=evaluation if training_args.eval_strategy != "no" else None,
+        # evaluate() answers the family's held-out solver questions (`--eval_strategy steps --eval_steps N`)
+        heldout_questions=questions if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
         parse_question=task.parse_question,

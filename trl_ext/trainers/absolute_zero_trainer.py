@@ -28,7 +28,6 @@ import random
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -45,12 +44,14 @@ from ..core.learnability import (
     select_question,
 )
 from ..core.proposer_rewards import padded_rows, proposer_rewards
+from ..evaluation.heldout_metrics import accuracy_by_field, sample_accuracy
 from ..rewards.parsing import completion_text
 from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
-from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
+from .heldout import HeldoutEvaluation, nan_to_none
+from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
@@ -130,7 +131,12 @@ class _SelfPlay:
     missing_fields: int = 0  # valid questions lacking a field of the solver prompt template
 
 
-class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRounds, VLLMContextLimit, GRPOTrainer):
+HELDOUT_FIELDS = ("task_type", "level")  # question fields the held-out accuracy is broken down by, when present
+
+
+class AbsoluteZeroTrainer(
+    CheckpointStateMixin, ModelCardMixin, HeldoutEvaluation, CollectiveToolRounds, VLLMContextLimit, GRPOTrainer
+):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
     Args:
@@ -148,11 +154,16 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
             it never produces (`parse_question.question_fields`) fails at init, one a question lacks renders empty
             with a one-time warning naming it (`warnings/solver_prompt_missing_fields` counts such questions). An
             exception makes the question invalid (first traceback logged once, `errors/solver_prompt_fn` counts).
+        heldout_questions: A family's held-out solver questions (`TaskFamily.heldout_questions`, called as
+            `f(None, args.seed)`, or the list it returns): the evaluation set when no `eval_dataset` is given.
         task_state: A family's [`~trl_ext.self_play.TaskState`] (e.g. the code family's triplet buffer): proposer prompts
             are built from it, parsed proposals are validated through it (each process its share, verdicts
             gathered), each training batch's valid questions update it, and it is saved in every checkpoint
             (`absolute_zero_state.json`) and restored on resume.
-        **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset`,
+        **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset` (held-out solver
+            questions: each row the fields of a validated proposal, gold included, as `heldout_questions` gives them;
+            `evaluate()` answers them with the solver's settings and logs the first reward's mean as `accuracy`,
+            with mean@k, pass@k and `accuracy/task_type_<t>`, `accuracy/level_<l>`),
             `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
             [`~trl.GRPOTrainer`]; `tools` and `environment_factory` (a callable or a dict of them, as
             [`~trl.GRPOTrainer`]) for the solver: each solver rollout gets its own environment, reset with the solver
@@ -193,6 +204,7 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         parse_question=None,
         solver_prompt_fn=None,
         task_state=None,
+        heldout_questions=None,
         **kwargs,
     ):
         args = checked_args(args, AbsoluteZeroConfig, "AbsoluteZero")
@@ -209,14 +221,16 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
                 "reward_funcs must hold at least one solver reward function (e.g. a numeric match), unless an "
                 "environment_factory whose environment defines `get_reward` scores the solver."
             )
-        check_datasets(
-            kwargs,
-            partial(
-                check_conversational_prompts,
-                required={"prompt": "it must hold the seed prompts"},
-                why="the proposer and solver prompts go through the chat template",
-            ),
+        check_conversational_prompts(
+            kwargs.get("train_dataset"),
+            "train_dataset",
+            required={"prompt": "it must hold the seed prompts"},
+            why="the proposer and solver prompts go through the chat template",
         )
+        if kwargs.get("eval_dataset") is None and heldout_questions is not None:
+            questions = heldout_questions(None, args.seed) if callable(heldout_questions) else heldout_questions
+            kwargs["eval_dataset"] = [dict(question) for question in questions]
+        _check_heldout_questions(kwargs.get("eval_dataset"))
         with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per row kind below
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
         self._generation = turn_generations(
@@ -259,6 +273,30 @@ class AbsoluteZeroTrainer(CheckpointStateMixin, ModelCardMixin, CollectiveToolRo
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
+    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    def _heldout_records(self, rows, num_samples):
+        """The solver answers each held-out question `num_samples` times (its prompt from `solver_prompt_fn` with an
+        empty seed row, its generation settings and length); the first reward function scores each answer (`None`:
+        not scorable, counted)."""
+        prompts = [self.solver_prompt_fn(dict(row), {}) for row in rows]
+        prompt_ids = self._heldout_prompt_ids(prompts)
+        completion_ids = self._heldout_generate(
+            prompt_ids, num_samples, self._generation["solver"], self.args.max_completion_length
+        )
+        sample_rows = [row for row in rows for _ in range(num_samples)]
+        sample_prompts = [prompt for prompt in prompts for _ in range(num_samples)]
+        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
+        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
+        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
+        return [{"score": nan_to_none(value)} for value in rewards[:, 0].tolist()]
+
+    def _heldout_metrics(self, rows, records):
+        k = len(records) // len(rows)
+        scores = [record["score"] for record in records]
+        metrics = sample_accuracy([scores[i * k : (i + 1) * k] for i in range(len(rows))])
+        metrics.update(accuracy_by_field(scores, [row for row in rows for _ in range(k)], HELDOUT_FIELDS))
+        return metrics
+
     def _compute_loss(self, model, inputs):
         # Proposer rows are weighted here rather than in the batch, so logged advantages stay comparable per kind.
         advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)
@@ -703,3 +741,16 @@ def _empty_logs():
         "advantages": [],
         "extra": defaultdict(list),
     }
+
+
+def _check_heldout_questions(dataset) -> None:
+    """The evaluation set holds solver questions; seed prompts (a conversational `prompt`) are refused."""
+    check_not_empty(dataset, "eval_dataset")
+    for split in dataset.values() if isinstance(dataset, dict) else [] if dataset is None else [dataset]:
+        first = next(iter(split))
+        if isinstance(first.get("prompt"), list):
+            raise ValueError(
+                "eval_dataset holds seed prompts (a conversational `prompt` column), but the evaluation answers "
+                "held-out solver questions: rows with a validated proposal's fields, gold included (e.g. "
+                "TaskFamily.heldout_questions; pass heldout_questions=family.heldout_questions)."
+            )

@@ -31,7 +31,7 @@ class TrlExtGRPOConfig(GRPOConfig):
         eval_temperature (`float`, *optional*, defaults to `0.0`):
             Sampling temperature of the evaluation's generation. `0.0` is greedy decoding. The turn's other generation
             settings (`generation_kwargs`, ...) are kept; its length is the training turn's.
-        num_eval_samples (`int`, *optional*, defaults to `1`):
+        eval_num_samples (`int`, *optional*, defaults to `1`):
             Completions sampled per evaluation question (k, for mean@k and pass@k). Above 1 it needs
             `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`. TRL's
             `num_generations_eval`, the group size of TRL's own evaluation loop (which the held-out evaluation
@@ -50,7 +50,7 @@ class TrlExtGRPOConfig(GRPOConfig):
         default=0.0,
         metadata={"help": "Sampling temperature of the held-out evaluation's generation; 0 is greedy decoding."},
     )
-    num_eval_samples: int = field(
+    eval_num_samples: int = field(
         default=1,
         metadata={"help": "Completions per evaluation question (k of mean@k); above 1 needs eval_temperature > 0."},
     )
@@ -60,15 +60,15 @@ class TrlExtGRPOConfig(GRPOConfig):
             self.activation_checkpointing = True
         if not self.eval_temperature >= 0:
             raise ValueError(f"eval_temperature must be >= 0 (0 is greedy decoding), got {self.eval_temperature}.")
-        if self.num_eval_samples < 1:
-            raise ValueError(f"num_eval_samples must be at least 1, got {self.num_eval_samples}.")
-        if self.num_eval_samples > 1 and self.eval_temperature == 0:
+        if self.eval_num_samples < 1:
+            raise ValueError(f"eval_num_samples must be at least 1, got {self.eval_num_samples}.")
+        if self.eval_num_samples > 1 and self.eval_temperature == 0:
             raise ValueError(
-                f"num_eval_samples={self.num_eval_samples} with eval_temperature=0: greedy decoding gives the same "
-                "completion every time; set eval_temperature > 0 to sample them, or num_eval_samples=1."
+                f"eval_num_samples={self.eval_num_samples} with eval_temperature=0: greedy decoding gives the same "
+                "completion every time; set eval_temperature > 0 to sample them, or eval_num_samples=1."
             )
         if self.num_generations_eval is None:
-            self.num_generations_eval = self.num_eval_samples
+            self.num_generations_eval = self.eval_num_samples
         super().__post_init__()
 
     def check_generation_kwargs(self, name: str, length_field: str | None, one_per_request: bool = False) -> None:

@@ -11,7 +11,7 @@ are computed over the whole set on every process, identically, by the pure funct
 `trl_ext.evaluation.heldout_metrics`.
 
 Generation settings for the evaluation are applied for its calls only (`scoping.evaluation_generation`): greedy by
-default, or `num_eval_samples` completions per question sampled at `eval_temperature`, seeded with `args.seed`.
+default, or `eval_num_samples` completions per question sampled at `eval_temperature`, seeded with `args.seed`.
 
 A trainer implements `_heldout_records(rows, num_samples)` (one record per sample, `num_samples` per row in row order,
 the same number of generation calls whatever the rows) and `_heldout_metrics(rows, records)`.
@@ -65,7 +65,7 @@ class HeldoutEvaluation:
         rows = [dict(row) for row in dataset]
         if not rows:
             raise ValueError("the evaluation dataset is empty.")
-        num_samples = self.args.num_eval_samples
+        num_samples = self.args.eval_num_samples
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         share = math.ceil(len(rows) / world)
         indices = list(range(rank * share, min((rank + 1) * share, len(rows))))

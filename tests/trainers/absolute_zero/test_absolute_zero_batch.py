@@ -53,7 +53,7 @@ class Policy:
         return ANSWERS[re.search(r"What is (.*)\?", text).group(1)][k]
 
 
-def make_trainer(tmp_path, prompts="AB", **overrides):
+def make_trainer(tmp_path, prompts="AB", eval_dataset_rows=False, **overrides):
     task = arithmetic_task()
     model, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in prompts])
@@ -79,6 +79,7 @@ def make_trainer(tmp_path, prompts="AB", **overrides):
         task.reward_funcs,
         args=args,
         train_dataset=dataset,
+        eval_dataset=dataset if eval_dataset_rows else None,
         processing_class=tokenizer,
         parse_question=task.parse_question,
         solver_prompt_fn=task.solver_prompt_fn,
@@ -220,12 +221,10 @@ def test_seed_prompts_must_be_conversational(tmp_path):
         )
 
 
-def test_evaluation_runs_the_same_self_play(tmp_path):
-    trainer = make_trainer(tmp_path, per_device_eval_batch_size=4, num_generations_eval=2)
-    with ScriptedGeneration(trainer, Policy("one_repropose")) as gen:
-        metrics = trainer.evaluate(eval_dataset=trainer.train_dataset)
-    assert calls(gen) == [(2, 4), (2, 4), (2, 2), (2, 4)]
-    assert metrics["eval_unified_filter/num_sampled"] == 2 and metrics["eval_repropose/total_attempts"] == 1
+def test_evaluation_refuses_seed_prompts(tmp_path):
+    # evaluate() answers held-out solver questions (tests/trainers/absolute_zero/test_absolute_zero_heldout.py)
+    with pytest.raises(ValueError, match="held-out solver questions"):
+        make_trainer(tmp_path, eval_dataset_rows=True)
 
 
 def test_selection_depends_only_on_seed_and_step(tmp_path):

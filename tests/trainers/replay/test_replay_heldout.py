@@ -39,7 +39,7 @@ def make_trainer(tmp_path, **overrides):
         eval_strategy="steps",
         eval_steps=1,
         eval_temperature=1.0,
-        num_eval_samples=2,
+        eval_num_samples=2,
         per_device_eval_batch_size=2,
     )
     args = cpu_test_args(tmp_path, ReplayGRPOConfig, **{**settings, **overrides})
@@ -104,4 +104,4 @@ def test_sampled_evaluation_is_deterministic_given_the_seed(tmp_path):
 
 def test_sampling_needs_a_temperature(tmp_path):
     with pytest.raises(ValueError, match="eval_temperature > 0"):
-        cpu_test_args(tmp_path, ReplayGRPOConfig, num_eval_samples=4)
+        cpu_test_args(tmp_path, ReplayGRPOConfig, eval_num_samples=4)
