@@ -53,7 +53,7 @@ def rows():
     return [{"prompt": [{"role": "user", "content": f"What is {q}?"}], "solution": s} for q, s in QUESTIONS]
 
 
-def rlcr_trainer():
+def rlcr_trainer(**overrides):
     args = cpu_test_args(
         tempfile.mkdtemp(),
         RLCRMultiTurnConfig,
@@ -61,8 +61,9 @@ def rlcr_trainer():
         num_generations_confidence=2,
         confidence_prompt=CONFIDENCE_PROMPT,
         max_completion_length=12,
-        max_confidence_length=8,
+        max_confidence_length=16,  # the scripted confidences whole (ScriptedGeneration does not cut them)
         per_device_eval_batch_size=2,
+        **overrides,
     )
     model, tokenizer = tiny_causal_lm()
     data = Dataset.from_list(rows())
@@ -72,7 +73,7 @@ def rlcr_trainer():
     return trainer, rlcr_script
 
 
-def replay_trainer():
+def replay_trainer(**overrides):
     args = cpu_test_args(
         tempfile.mkdtemp(),
         ReplayGRPOConfig,
@@ -81,6 +82,7 @@ def replay_trainer():
         eval_temperature=1.0,
         eval_num_samples=2,
         per_device_eval_batch_size=2,
+        **overrides,
     )
     model, tokenizer = tiny_causal_lm()
     data = Dataset.from_list(rows())
