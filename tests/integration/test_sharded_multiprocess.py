@@ -69,3 +69,13 @@ def test_without_gradient_sync_the_steps_differ(one_process, two_processes, back
     single = one_process["rlcr:plain"]["grad_norm"]
     unsynced = two_processes[0][f"rlcr:{backend}:nosync"]["grad_norm"]
     assert all(abs(a - b) > 0.05 * b for a, b in zip(unsynced, single, strict=True))
+
+
+@pytest.mark.multiprocess
+def test_heldout_evaluation_under_zero3_agrees_on_every_process():
+    """`evaluate()` after ZeRO-3 training: the model's own greedy answers (generation gathers the partitioned
+    parameters, a collective) on shares of two questions, rank 1's padded; no hang, the same metrics everywhere."""
+    ranks = [result["rlcr:zero3:eval"] for result in run_torchrun(SCRIPT, nproc=2, args=["rlcr:zero3:eval"])]
+    assert [r["engine"] for r in ranks] == ["DeepSpeedEngine"] * 2
+    assert ranks[1]["eval"] == pytest.approx(ranks[0]["eval"], rel=0, abs=0, nan_ok=True)
+    assert ranks[0]["eval"]["eval_num_questions"] == 3 and ranks[0]["eval"]["eval_num_samples"] == 3

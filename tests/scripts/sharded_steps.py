@@ -1,12 +1,14 @@
 """Runs under torchrun: a few scripted training steps of each trainer under each backend, one after another.
 
-Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync]`.
+Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync][:eval]`.
 - TRAINER: rlcr (`share_prefix=False`), rlcr_packed (the default `share_prefix=True`), replay, absolute_zero.
 - BACKEND: plain (one process, or DDP with several), zero3 (DeepSpeed ZeRO-3, the model loaded from a path into
   partitioned parameters: `zero3_init_flag`), fsdp2 (FSDP2 with `cpu_ram_efficient_loading`: rank 0's weights are
   broadcast as FSDP wraps the model; the other ranks' are perturbed first, so they must not matter).
 - nosync: switches off the gradient reduce-scatter of zero3 and fsdp2 (each rank keeps its own gradient shard), a
   negative control: the figures must move.
+- eval (RLCR): after training, the held-out evaluation (`trainer.evaluate()`) on three questions with the model's own
+  greedy answers (not scripted): a share of two per rank, rank 1's padded; reports its metrics.
 
 Every configuration has the same global batch whatever the number of processes: `per_device_train_batch_size` is
 the global figure divided by the number of processes, so one process and two make the same steps. Each rank holds
@@ -83,6 +85,14 @@ def rlcr_trainer(output_dir, model, share_prefix=False, **backend):
     )
     trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
     return trainer, ScriptedGeneration(trainer, rlcr_script)
+
+
+EVAL_QUESTIONS = Dataset.from_list(
+    [
+        {"prompt": [{"role": "user", "content": f"What is {q}?"}], "solution": s}
+        for q, s in [("1+2", "3"), ("4+4", "8"), ("2+5", "7")]
+    ]
+)
 
 
 def replay_trainer(output_dir, model, **backend):
@@ -233,6 +243,7 @@ def run(config, path):
         stack.enter_context(mock.patch.object(trainer, "_compute_loss", compute_loss))
         with generation:
             trainer.train()
+        evaluation = trainer.evaluate(EVAL_QUESTIONS) if "eval" in flags else None
     logs = [log for log in trainer.state.log_history if "loss" in log]
     engine = type(trainer.model_wrapped).__name__
     if trainer.is_fsdp_enabled:
@@ -243,6 +254,7 @@ def run(config, path):
         "loaded": loaded,
         "rows": rows.hexdigest(),
         "kinds": kinds,
+        "eval": evaluation and {key: value for key, value in evaluation.items() if key != "eval_seconds"},
         **{key: [log[key] for log in logs] for key in ("loss", "grad_norm")},
     }
 
