@@ -38,7 +38,8 @@ class RecipeScriptArguments(ScriptArguments):
         num_train_samples (`int`, *optional*):
             Use at most this many training rows (all when unset; the built-in dataset needs a number).
         num_eval_samples (`int`, *optional*, defaults to `64`):
-            Rows for the calibration evaluation before and after training (the test split, or held out).
+            Rows for the calibration evaluation before and after training (RLCR) and for the held-out evaluation
+            during training (`--eval_strategy steps --eval_steps N`): the test split, or held out.
     """
 
     dataset_path: str | None = field(default=None, metadata={"help": "Local .json/.jsonl/.parquet/.csv dataset."})
@@ -49,7 +50,7 @@ class RecipeScriptArguments(ScriptArguments):
     )
     system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
     num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
-    num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after evaluation."})
+    num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after and held-out evaluations."})
 
 
 @dataclass

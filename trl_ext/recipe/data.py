@@ -193,3 +193,16 @@ def _column_mapper(
         return out
 
     return prepare
+
+
+def heldout_split(evaluation, training_args):
+    """The trainer's `eval_dataset`: the held-out split when `--eval_strategy` asks for evaluations during training."""
+    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    if strategy == "no":
+        return None
+    if evaluation is None:
+        raise ValueError(
+            f"--eval_strategy {strategy} needs held-out rows: give --num_eval_samples (and a "
+            "dataset of at least 5 rows per held-out row, or a --dataset_test_split), or --eval_strategy no."
+        )
+    return evaluation

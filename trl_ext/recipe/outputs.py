@@ -95,6 +95,17 @@ def plot_learning_curves(log_history: list[dict], keys: Sequence[str], path: str
     return str(path)
 
 
+def plot_heldout_curves(
+    log_history: list[dict], keys: Sequence[str], path: str | os.PathLike, title: str
+) -> str | None:
+    """The held-out evaluation's metrics (`eval_*` entries of `trainer.state.log_history`, logged by `evaluate()`
+    under `--eval_strategy steps --eval_steps N`) against the training step, one panel per key; nothing (`None`) when
+    no evaluation ran."""
+    if not any(key in log for log in log_history for key in keys):
+        return None
+    return plot_learning_curves(log_history, keys, path, title)
+
+
 def write_json(path: str | os.PathLike, payload) -> str:
     """Write `payload` as indented JSON, NaN written as null (strict JSON readers reject NaN)."""
 

@@ -13,8 +13,8 @@ from ..data.graded_arithmetic import ANSWER_FORMAT
 from ..rewards import make_accuracy_reward, make_format_reward
 from ..trainers import ReplayGRPOTrainer
 from .cli import RecipeScriptArguments, resolve_model
-from .data import load_recipe_dataset
-from .outputs import plot_learning_curves, save_final_model, write_json, write_model_card
+from .data import heldout_split, load_recipe_dataset
+from .outputs import plot_heldout_curves, plot_learning_curves, save_final_model, write_json, write_model_card
 
 
 # What learning_curves.png shows, per step.
@@ -81,10 +81,13 @@ def main(script_args, training_args, model_args):
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     system_prompt = script_args.system_prompt or ANSWER_FORMAT
-    train, _ = load_recipe_dataset(script_args, system_prompt)
+    train, evaluation = load_recipe_dataset(script_args, system_prompt)
     if train is None:
         train = graded_arithmetic(
             script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
+        )
+        evaluation = graded_arithmetic(
+            script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
         )
 
     training_args.model_init_kwargs = {
@@ -100,6 +103,8 @@ def main(script_args, training_args, model_args):
         reward_funcs=[make_accuracy_reward(lenient=script_args.lenient_parsing), make_format_reward()],
         args=training_args,
         train_dataset=train,
+        # evaluate() on the held-out split every --eval_steps (`eval_*` in the log, heldout_curves.png)
+        eval_dataset=heldout_split(evaluation, training_args),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
@@ -113,6 +118,13 @@ def main(script_args, training_args, model_args):
             CURVES,
             output_dir / "learning_curves.png",
             title="Replay GRPO training (per logging step)",
+        )
+        k = training_args.eval_num_samples
+        plot_heldout_curves(
+            trainer.state.log_history,
+            ["eval_accuracy", f"eval_mean@{k}", f"eval_pass@{k}", "eval_reward"],
+            output_dir / "heldout_curves.png",
+            title="Replay GRPO held-out evaluation (per evaluation step)",
         )
         write_json(
             output_dir / "metrics.json", {"model": model_path, "steps": steps, "train_log": trainer.state.log_history}

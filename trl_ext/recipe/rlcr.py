@@ -17,9 +17,10 @@ from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing
 from ..trainers import RLCRMultiTurnTrainer
 from .cli import FormatWarmupArguments, RecipeScriptArguments, resolve_model
-from .data import load_recipe_dataset
+from .data import heldout_split, load_recipe_dataset
 from .outputs import (
     parameters_sharded,
+    plot_heldout_curves,
     plot_learning_curves,
     save_final_model,
     time_summary,
@@ -37,9 +38,12 @@ PLOTS = {
     "how many answers stated each confidence)",
     "learning_curves.png": "answer accuracy, Brier score, ECE and confidence parse failures of the sampled "
     "training batches, per step",
+    "heldout_curves.png": "the same on the held-out questions (greedy), every --eval_steps",
 }
 # What learning_curves.png shows: the sampled training batches' answers and confidences, per step.
 CURVES = ["answer/accuracy", "calibration/brier", "calibration/ece", "confidence/parse_fail_rate"]
+# What heldout_curves.png shows: `evaluate()` on the held-out split under `--eval_strategy steps --eval_steps N`.
+HELDOUT_CURVES = [f"eval_{key}" for key in CURVES]
 
 
 @dataclass
@@ -213,6 +217,8 @@ def main(script_args, training_args, model_args):
         model=model_path,
         args=training_args,
         train_dataset=train,
+        # evaluate() on the held-out split every --eval_steps (`eval_*` in the log, heldout_curves.png)
+        eval_dataset=heldout_split(evaluation, training_args),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
@@ -254,6 +260,12 @@ def main(script_args, training_args, model_args):
             CURVES,
             output_dir / "learning_curves.png",
             title="RLCR training (per logging step)",
+        )
+        plot_heldout_curves(
+            trainer.state.log_history,
+            HELDOUT_CURVES,
+            output_dir / "heldout_curves.png",
+            title="RLCR held-out evaluation (per evaluation step)",
         )
         seconds["total"] = time.monotonic() - started
         write_json(
