@@ -6,7 +6,8 @@
 
 Writes to `output_dir`: `metrics.json` (calibration before/after and the training log), `reliability_before.png`,
 `reliability_after.png`, `reliability_before_after.png`, `learning_curves.png`, `eval_before.json` and
-`eval_after.json` (every evaluated answer and confidence), and the trained model.
+`eval_after.json` (every evaluated answer and confidence), `evaluation_settings.json` (what the evaluation used;
+`--eval_only` on the directory reuses it unless flags override), and the trained model.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trl_ext.recipe import run_recipe
-from trl_ext.recipe.rlcr import RLCRScriptArguments, main
+from trl_ext.recipe.rlcr import RLCRScriptArguments, main, reuse_evaluation_settings
 from trl_ext.trainers import RLCRMultiTurnConfig
 
 
@@ -22,4 +23,4 @@ DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
 
 
 if __name__ == "__main__":
-    run_recipe(main, RLCRScriptArguments, RLCRMultiTurnConfig, DEFAULT_CONFIG)
+    run_recipe(main, RLCRScriptArguments, RLCRMultiTurnConfig, DEFAULT_CONFIG, prepare_argv=reuse_evaluation_settings)

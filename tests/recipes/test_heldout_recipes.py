@@ -70,6 +70,8 @@ def test_rlcr_recipe_evaluates_the_heldout_split_every_eval_steps(tmp_path):
     evaluated = evaluations(log, "eval_answer/accuracy")
     assert [entry["step"] for entry in evaluated] == [1, 2]
     assert all(entry["eval_num_questions"] == 3 and "eval_calibration/ece" in entry for entry in evaluated)
+    settings = json.loads((tmp_path / "out" / "evaluation_settings.json").read_text())  # for --eval_only later
+    assert settings["max_confidence_length"] == 4 and settings["num_eval_samples"] == 3
 
 
 @pytest.mark.slow

@@ -105,9 +105,12 @@ class FormatWarmupArguments:
         return path, time.monotonic() - started
 
 
-def run_recipe(main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None) -> None:
+def run_recipe(
+    main, script_args_cls: type, config_cls: type, default_config: str | os.PathLike, argv=None, prepare_argv=None
+) -> None:
     """Parse `(script_args_cls, config_cls, ModelConfig)` the TRL way (flags and `--config`, falling back to
     `default_config`, see [`with_default_config`]) and call `main(script_args, training_args, model_args)`.
+    `prepare_argv(argv) -> argv`, if given, edits the command line first (RLCR: reuse a model's evaluation settings).
 
     On a machine without a GPU, a run whose command line and config leave the hardware open runs on CPU (see
     [`cpu_fallback`]). `--help` shows TRL's defaults and marks the values the embedded-default YAML sets.
@@ -120,6 +123,8 @@ def run_recipe(main, script_args_cls: type, config_cls: type, default_config: st
         annotate_help(parser, default_config)
         parser.parse_args_and_config(args=argv)  # prints the help and exits
         return
+    if prepare_argv is not None:
+        argv = prepare_argv(argv)
     argv = cpu_fallback(with_default_config(argv, default_config))
     # TRL 1.16 (and PEFT) call the model methods transformers 5 renamed (`is_gradient_checkpointing`,
     # `gradient_checkpointing_enable/disable`) around every generation: the warning would name library internals a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +18,7 @@ from ..evaluation.rlcr import evaluate_calibration
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing
 from ..trainers import RLCRMultiTurnTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, resolve_model
+from .cli import FormatWarmupArguments, RecipeScriptArguments, _flag_names, resolve_model
 from .data import heldout_split, load_recipe_dataset
 from .outputs import (
     parameters_sharded,
@@ -89,6 +91,66 @@ def datasets_for(script_args, training_args):
             script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
         )
     return train, evaluation
+
+
+# What a reported evaluation depends on beyond the model: written to `evaluation_settings.json` with the model, and
+# reused by `--eval_only` on that directory (see `reuse_evaluation_settings`).
+EVALUATION_SETTINGS = (
+    # generation: lengths, prompts, the held-out evaluation's sampling (the before/after evaluation is greedy)
+    "max_completion_length",
+    "max_confidence_length",
+    "confidence_prompt",
+    "system_prompt",
+    "chat_template_kwargs",
+    "eval_temperature",
+    "eval_num_samples",
+    # parsing and scoring
+    "answer_tag",
+    "confidence_tag",
+    "lenient_parsing",
+    "rlcr_paper_metrics",
+    # which rows
+    "num_eval_samples",
+    "question_column",
+    "answer_column",
+    "answer_delimiter",
+    "dataset_test_split",
+    "seed",
+)
+SETTINGS_FILE = "evaluation_settings.json"
+
+
+def evaluation_settings(script_args, training_args) -> dict:
+    """The settings of `EVALUATION_SETTINGS` this run evaluated with (script arguments first)."""
+    settings = {}
+    for name in EVALUATION_SETTINGS:
+        source = script_args if hasattr(script_args, name) else training_args
+        value = getattr(source, name)
+        settings[name] = value.value if hasattr(value, "value") else value
+    return settings
+
+
+def reuse_evaluation_settings(argv: list[str]) -> list[str]:
+    """For `--eval_only` on a model directory holding `evaluation_settings.json` (written by a training run): its
+    settings as flags after `argv`, except those the command line names itself (flags override). They also override
+    a `--config`'s values, which describe a run rather than this model."""
+    named = _flag_names(argv)
+    if "eval_only" not in named:
+        return argv
+    model = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model_name_or_path"), None)
+    model = model or next((a.split("=", 1)[1] for a in argv if a.startswith("--model_name_or_path=")), None)
+    path = Path(model) / SETTINGS_FILE if model else None
+    if path is None or not path.is_file():
+        return argv
+    saved = json.loads(path.read_text())
+    flags = []
+    for name, value in saved.items():
+        if name in named or name not in EVALUATION_SETTINGS or value is None:
+            continue
+        flags += [f"--{name}", json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)]
+    if flags:
+        print(f"trl-ext: --eval_only reuses the evaluation settings of {path}: {' '.join(flags)}", file=sys.stderr)
+    return [*argv, *flags]
 
 
 def evaluate_and_plot(model, tokenizer, evaluation, training_args, name, rlcr_paper_metrics=False):
@@ -195,6 +257,8 @@ def main(script_args, training_args, model_args):
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
         result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval", script_args.rlcr_paper_metrics)
         write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
+        if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
+            write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
         print(
             f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
             f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
@@ -276,6 +340,7 @@ def main(script_args, training_args, model_args):
                 "train_log": trainer.state.log_history,
             },
         )
+        write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
         print(summary(report, output_dir, seconds))
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
