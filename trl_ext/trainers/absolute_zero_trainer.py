@@ -52,6 +52,7 @@ from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
+from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
@@ -135,7 +136,13 @@ HELDOUT_FIELDS = ("task_type", "level")  # question fields the held-out accuracy
 
 
 class AbsoluteZeroTrainer(
-    CheckpointStateMixin, ModelCardMixin, HeldoutEvaluation, CollectiveToolRounds, VLLMContextLimit, GRPOTrainer
+    CheckpointStateMixin,
+    ModelCardMixin,
+    CPULogprobTiles,
+    HeldoutEvaluation,
+    CollectiveToolRounds,
+    VLLMContextLimit,
+    GRPOTrainer,
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 

@@ -25,6 +25,11 @@ class TrlExtGRPOConfig(GRPOConfig):
         gradient_checkpointing (`bool`, *optional*):
             Deprecated alias of `activation_checkpointing` (transformers 5); used only when that is unset.
 
+        cpu_logprob_tile_tokens (`int`, *optional*, defaults to `256`):
+            Tokens per tile of TRL's fused log-prob computation on devices without Triton (CPU). TRL's 4096 makes
+            its CPU backward hold about 4 GB of float32 temporaries at once; smaller tiles give the same values with
+            less memory. No effect on CUDA. `None` keeps TRL's size (see `trl_ext/trainers/logprob_tiles.py`).
+
         > Parameters of the held-out evaluation (`trainer.evaluate()`, run every `eval_steps` with
         > `eval_strategy="steps"` on `eval_dataset`; see docs/recipes.md#held-out-evaluation-during-training)
 
@@ -46,6 +51,11 @@ class TrlExtGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Deprecated alias of `activation_checkpointing`."}
     )
 
+    cpu_logprob_tile_tokens: int | None = field(
+        default=256,
+        metadata={"help": "Tokens per tile of TRL's log-prob computation without Triton (CPU); None: TRL's 4096."},
+    )
+
     eval_temperature: float = field(
         default=0.0,
         metadata={"help": "Sampling temperature of the held-out evaluation's generation; 0 is greedy decoding."},
@@ -58,6 +68,10 @@ class TrlExtGRPOConfig(GRPOConfig):
     def __post_init__(self):
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
+        if self.cpu_logprob_tile_tokens is not None and self.cpu_logprob_tile_tokens < 1:
+            raise ValueError(
+                f"cpu_logprob_tile_tokens must be a positive number of tokens or None, got {self.cpu_logprob_tile_tokens}."
+            )
         if not self.eval_temperature >= 0:
             raise ValueError(f"eval_temperature must be >= 0 (0 is greedy decoding), got {self.eval_temperature}.")
         if self.eval_num_samples < 1:

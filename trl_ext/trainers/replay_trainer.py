@@ -45,6 +45,7 @@ from ..evaluation.heldout_metrics import sample_accuracy
 from .call_record import CallRecord, RecordsCalls
 from .heldout import HeldoutEvaluation
 from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
+from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .row_batches import local_rows
@@ -137,7 +138,13 @@ class ReplayBatch(CallRecord):
 
 
 class ReplayGRPOTrainer(
-    CheckpointStateMixin, ModelCardMixin, HeldoutEvaluation, RecordsCalls, CollectiveToolRounds, GRPOTrainer
+    CheckpointStateMixin,
+    ModelCardMixin,
+    CPULogprobTiles,
+    HeldoutEvaluation,
+    RecordsCalls,
+    CollectiveToolRounds,
+    GRPOTrainer,
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 

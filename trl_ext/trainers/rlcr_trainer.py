@@ -46,6 +46,7 @@ from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
+from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
@@ -71,7 +72,13 @@ class ForwardRows:
 
 
 class RLCRMultiTurnTrainer(
-    CheckpointStateMixin, ModelCardMixin, HeldoutEvaluation, RecordsCalls, VLLMContextLimit, GRPOTrainer
+    CheckpointStateMixin,
+    ModelCardMixin,
+    CPULogprobTiles,
+    HeldoutEvaluation,
+    RecordsCalls,
+    VLLMContextLimit,
+    GRPOTrainer,
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
