@@ -148,7 +148,7 @@ def main():
         server.stop()
 
     batch = rec.batches[0]
-    solver = [i for i in range(batch["completion_ids"].size(0)) if int(batch.get("role", torch.zeros(99))[i]) == 0]
+    solver = [i for i in range(batch["completion_ids"].size(0)) if int(batch.get("row_kind", torch.zeros(99))[i]) == 0]
     rows = []
     for i in solver:
         keep = batch["completion_mask"][i].bool()
