@@ -60,6 +60,17 @@ def phase_of(stack: list[traceback.FrameSummary]) -> str:
     return "other"
 
 
+def tree_rss_mb(process: psutil.Process) -> float:
+    """Resident memory of `process` and its children (those that exit while being read are skipped)."""
+    rss = 0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            rss += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return rss / 2**20
+
+
 class PhaseSampler:
     """Samples memory and the main thread's phase every `interval` seconds while running."""
 
@@ -77,13 +88,7 @@ class PhaseSampler:
             import torch
 
             return torch.cuda.memory_allocated() / 2**20
-        rss = self.process.memory_info().rss
-        for child in self.process.children(recursive=True):
-            try:
-                rss += child.memory_info().rss
-            except psutil.Error:
-                pass
-        return rss / 2**20
+        return tree_rss_mb(self.process)
 
     def _run(self):
         while not self._stop.wait(self.interval):
@@ -193,11 +198,8 @@ def build(name: str, model_kind: str):
         def parse(text):
             return {"question": "What is 3+4?"}
 
-        def solved(completions, **kwargs):
-            return [float(i % 2 == 0) for i in range(len(completions))]
-
         trainer = AbsoluteZeroTrainer(
-            model, [solved], args=args, train_dataset=seeds, processing_class=tok, parse_question=parse
+            model, [first_good], args=args, train_dataset=seeds, processing_class=tok, parse_question=parse
         )
         return trainer, lambda p, k: long_text
     if name == "grpo_absolute_zero":  # 24 rows of 64 tokens
@@ -289,14 +291,9 @@ def configs(max_steps: int | None, only: list[str] | None) -> dict:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
             root = psutil.Process(proc.pid)
             while proc.poll() is None:
-                rss = 0
-                for p in [root, *root.children(recursive=True)]:
-                    try:
-                        rss += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                peak = max(peak, rss / 2**20)
-                timeline.append((round(time.monotonic() - started, 1), round(rss / 2**20)))
+                rss = tree_rss_mb(root)
+                peak = max(peak, rss)
+                timeline.append((round(time.monotonic() - started, 1), round(rss)))
                 time.sleep(0.1)
         results[path.stem] = {
             "returncode": proc.returncode,
