@@ -78,9 +78,12 @@ MOVED_NAMES = {
 }
 
 
+_LONGEST_FIRST = sorted(MOVED_MODULES, key=len, reverse=True)
+
+
 def moved_to(old: str) -> str | None:
     """The module an earlier release's module path `old` now resolves to, or `None` if it did not move."""
-    for prefix in sorted(MOVED_MODULES, key=len, reverse=True):
+    for prefix in _LONGEST_FIRST:
         if old == prefix or old.startswith(prefix + "."):
             return MOVED_MODULES[prefix] + old[len(prefix) :]
     return None
