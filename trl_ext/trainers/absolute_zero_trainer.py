@@ -594,9 +594,7 @@ class AbsoluteZeroTrainer(
         # The batch: TRL builds each kind's rows from the recorded generations, solver rows first
         solver = self._solver_batch(play, len(inputs))
         proposer, num_proposer_rows = self._proposer_batch(play)
-        batch = concat_row_kinds(
-            {SOLVER: solver, PROPOSER: proposer}, KIND_KEY, self._tokenizer.pad_token_id, self.accelerator
-        )
+        batch = concat_row_kinds({SOLVER: solver, PROPOSER: proposer}, self._tokenizer.pad_token_id, self.accelerator)
 
         self._log_self_play(play, num_proposer_rows)
         return batch

@@ -459,7 +459,7 @@ class RLCRMultiTurnTrainer(
         answers[FAMILY_KEY] = torch.arange(len(inputs), device=device)
         confidences[FAMILY_KEY] = torch.arange(len(inputs), device=device).repeat_interleave(g_c)
         batch = concat_row_kinds(
-            {ANSWER: answers, CONFIDENCE: confidences}, KIND_KEY, self._tokenizer.pad_token_id, self.accelerator
+            {ANSWER: answers, CONFIDENCE: confidences}, self._tokenizer.pad_token_id, self.accelerator
         )
 
         self._log_turns(mode, rewards, brier, answer_texts, answer_closed, confidence_ids, g_c)

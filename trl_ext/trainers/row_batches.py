@@ -28,14 +28,14 @@ def restrict_loss(batch: dict, keep: torch.Tensor) -> None:
 KIND_KEY = "row_kind"  # batch key of a row's kind (RLCR: ANSWER/CONFIDENCE; Absolute Zero: SOLVER/PROPOSER)
 
 
-def concat_row_kinds(batches: dict[int, dict], key: str, pad_token_id: int, accelerator) -> dict:
+def concat_row_kinds(batches: dict[int, dict], pad_token_id: int, accelerator) -> dict:
     """One batch from the batches of several row kinds (`{kind: batch}`, in row order), each row tagged with its
-    kind under `key`.
+    kind under `KIND_KEY`.
 
     `num_items_in_batch`, which TRL's loss normalisation reads, is recounted over the joined rows of every process."""
     for kind, batch in batches.items():
         device = batch["advantages"].device
-        batch[key] = torch.full((batch["advantages"].size(0),), kind, dtype=torch.long, device=device)
+        batch[KIND_KEY] = torch.full((batch["advantages"].size(0),), kind, dtype=torch.long, device=device)
     batch = concat_row_batches(list(batches.values()), pad_token_id=pad_token_id)
     loss_mask = batch["completion_mask"] * batch["tool_mask"]
     batch["num_items_in_batch"] = accelerator.gather(loss_mask.sum()).sum()
