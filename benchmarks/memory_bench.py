@@ -218,7 +218,7 @@ def run_one(name: str, model_kind: str) -> dict:
     import torch
 
     from trl_ext.testing import ScriptedGeneration
-    from trl_ext.trainers.logprob_tiles import logprob_tile_tokens
+    from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
     trainer, script = build(name, model_kind)
     # Plain GRPO gets the trainers' CPU log-prob tile (`cpu_logprob_tile_tokens`), so each pair differs only in its
@@ -228,7 +228,7 @@ def run_one(name: str, model_kind: str) -> dict:
     after_init = sampler.memory_mb()
     if sampler.cuda:
         torch.cuda.reset_peak_memory_stats()
-    with sampler, ScriptedGeneration(trainer, script), logprob_tile_tokens(tile, trainer.accelerator.device):
+    with sampler, ScriptedGeneration(trainer, script), cpu_logprob_tiles(tile, trainer.accelerator.device):
         trainer.train()
     tokens = [log["num_tokens"] for log in trainer.state.log_history if "num_tokens" in log]
     result = {

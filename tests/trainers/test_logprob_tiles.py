@@ -1,33 +1,39 @@
-"""TRL's log-prob tiles on CPU: smaller tiles give the same log-probs and gradients, and the trainers use them."""
+"""TRL's fused log-probs on CPU: only the labelled positions, in smaller tiles, give the same log-probs and gradients,
+and the trainers use them."""
 
 import pytest
 import torch
 import trl.kernels.chunked_logprob as chunked_logprob
+import trl.trainer.utils as trl_utils
 from datasets import Dataset
 from trl.trainer.utils import add_fused_lm_head
 
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 from trl_ext.trainers.base_config import TrlExtGRPOConfig
-from trl_ext.trainers.logprob_tiles import logprob_tile_tokens
+from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
 
 CPU = torch.device("cpu")
 
 
-def test_the_tile_is_set_for_the_block_and_restored():
-    default = chunked_logprob.TOKEN_CHUNK_SIZE
-    with logprob_tile_tokens(16, CPU):
+def test_the_tile_and_the_selection_are_set_for_the_block_and_restored():
+    default, selector = chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._use_triton
+    with cpu_logprob_tiles(16, CPU):
         assert chunked_logprob.TOKEN_CHUNK_SIZE == 16
-    assert chunked_logprob.TOKEN_CHUNK_SIZE == default
-    with logprob_tile_tokens(None, CPU):
-        assert chunked_logprob.TOKEN_CHUNK_SIZE == default
-    with pytest.raises(RuntimeError), logprob_tile_tokens(16, CPU):
+        assert trl_utils._use_triton(CPU) and not chunked_logprob._use_triton(CPU)  # the kernel stays torch's
+    assert (chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._use_triton) == (default, selector)
+    with cpu_logprob_tiles(None, CPU, compact=False):
+        assert (chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._use_triton) == (default, selector)
+    with cpu_logprob_tiles(16, torch.device("meta")):  # not CPU: TRL's own path
+        assert (chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._use_triton) == (default, selector)
+    with pytest.raises(RuntimeError), cpu_logprob_tiles(16, CPU):
         raise RuntimeError("restored on error too")
-    assert chunked_logprob.TOKEN_CHUNK_SIZE == default
+    assert (chunked_logprob.TOKEN_CHUNK_SIZE, trl_utils._use_triton) == (default, selector)
 
 
-def test_small_tiles_give_the_same_log_probs_and_gradients():
+@pytest.mark.parametrize("compact", [False, True], ids=["all-positions", "labelled-only"])
+def test_small_tiles_give_the_same_log_probs_and_gradients(compact, monkeypatch):
     model, _ = tiny_causal_lm()
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     ids = torch.randint(0, 1000, (3, 40))
@@ -40,9 +46,21 @@ def test_small_tiles_give_the_same_log_probs_and_gradients():
         (out.log_probs.sum() + out.entropy.sum()).backward()
         return out.log_probs.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    logps, grads = run()  # TRL's tile (4096 tokens: all 120 positions in one)
-    with logprob_tile_tokens(7, CPU):  # 18 tiles, the last one partial
+    scored = []
+    forward_tile = chunked_logprob._forward_tile
+
+    def spy(*args, **kwargs):
+        scored.append(args[0].shape[0])  # the tile's hidden states
+        return forward_tile(*args, **kwargs)
+
+    monkeypatch.setattr(chunked_logprob, "_forward_tile", spy)
+    logps, grads = run()  # TRL's CPU path: all 117 positions (3 rows x 39 shifted), one tile
+    assert scored == [117, 117]  # one tile, two vocabulary chunks
+    scored.clear()
+    with cpu_logprob_tiles(7, CPU, compact=compact):
         small_logps, small_grads = run()
+    positions = 3 * 15 if compact else 117
+    assert sum(scored) == 2 * positions and max(scored) == 7
     torch.testing.assert_close(small_logps, logps, rtol=1e-5, atol=1e-6)
     for small, full in zip(small_grads, grads, strict=True):
         torch.testing.assert_close(small, full, rtol=1e-4, atol=1e-6)

@@ -133,3 +133,15 @@ def test_calculate_rewards_passes_the_live_environments():
         "GRPOTrainer._calculate_rewards no longer passes self.environments to reward functions: "
         "AbsoluteZeroTrainer._solve scores a solving round while its episodes' environments are live."
     )
+
+
+def test_the_fused_lm_head_decides_compaction_with_the_name_the_cpu_tiles_set():
+    """`cpu_logprob_tiles` makes TRL's fused forward score only the labelled positions on CPU by rebinding
+    `trl.trainer.utils._use_triton`: that name must be what `add_fused_lm_head`'s forward asks, and the only caller
+    in the module (the kernels keep their own binding)."""
+    import trl.trainer.utils as trl_utils
+
+    source = inspect.getsource(trl_utils)
+    calls = [line.strip() for line in source.splitlines() if "_use_triton(" in line]
+    assert calls == ["compact = _use_triton(hidden_states.device)"], "trl.trainer.utils: add_fused_lm_head"
+    assert "compact = _use_triton(" in inspect.getsource(trl_utils.add_fused_lm_head)
