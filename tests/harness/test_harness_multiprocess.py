@@ -8,10 +8,11 @@ import pytest
 from trl_ext.testing import run_torchrun
 
 
+# every test here starts torchrun with two ranks
+pytestmark = pytest.mark.multiprocess
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
-@pytest.mark.multiprocess
 def test_two_ranks_finish_two_steps_with_identical_weights():
     results = run_torchrun(SCRIPTS / "grpo_two_ranks.py", nproc=2, timeout=600)
     assert [r["rank"] for r in results] == [0, 1]

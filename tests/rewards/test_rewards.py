@@ -328,7 +328,12 @@ def short_timeout(monkeypatch):
     return verify_module.VERIFY_TIMEOUT_S
 
 
-@pytest.mark.parametrize("on_main_thread", [True, False], ids=["main-thread", "worker-thread"])
+@pytest.mark.parametrize(
+    "on_main_thread",
+    # the main-thread run tries every case (about 17 s); the worker-thread run a sample, also in the fast loop
+    [pytest.param(True, marks=pytest.mark.slow), False],
+    ids=["main-thread", "worker-thread"],
+)
 def test_adversarial_answers_finish_fast(on_main_thread, short_timeout):
     # Each call may spend the timeout, and the next one may have to start a fresh worker after a kill.
     bound = short_timeout + RESTART_S

@@ -14,6 +14,7 @@ import tempfile
 
 from absolute_zero_ranks import Policy
 from datasets import Dataset
+from deepspeed_cpu import without_shm_all_reduce
 from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
 
@@ -126,6 +127,7 @@ def run(name, stage):
 
 
 def main():
+    without_shm_all_reduce()
     # DeepSpeed's configuration outlives its trainer in the process: list the stage-0 runs first
     results = {}
     for config in sys.argv[1:]:

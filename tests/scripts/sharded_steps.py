@@ -30,6 +30,7 @@ import torch
 import trl.trainer.grpo_trainer as grpo_module
 from absolute_zero_ranks import Policy
 from datasets import Dataset
+from deepspeed_cpu import without_shm_all_reduce
 from replay_world import make_trainer as make_replay_trainer
 from replay_world import scripted
 from safetensors.torch import load_file
@@ -260,6 +261,7 @@ def run(config, path):
 
 
 def main():
+    without_shm_all_reduce()
     # saved before any process group exists: once one does, only rank 0 would write the config
     path = tiny_checkpoint(os.path.join(tempfile.mkdtemp(), "model"))
     write_rank_result({config: run(config, path) for config in sys.argv[1:]})
