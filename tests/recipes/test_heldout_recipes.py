@@ -68,8 +68,12 @@ def evaluations(log, key):
 def test_rlcr_recipe_evaluates_the_heldout_split_every_eval_steps(tmp_path):
     log = run_recipe(tmp_path, "rlcr.py", "--num_generations_confidence", "2", "--max_confidence_length", "4")
     evaluated = evaluations(log, "eval_answer/accuracy")
-    assert [entry["step"] for entry in evaluated] == [1, 2]
+    # before training, then every step; the last is the report's "after" (not evaluated twice)
+    assert [entry["step"] for entry in evaluated] == [0, 1, 2]
     assert all(entry["eval_num_questions"] == 3 and "eval_calibration/ece" in entry for entry in evaluated)
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    for name, entry in (("before", evaluated[0]), ("after", evaluated[-1])):
+        assert metrics[name]["accuracy_all"] == entry["eval_answer/accuracy"] and metrics[name]["num_rows"] == 3
     settings = json.loads((tmp_path / "out" / "evaluation_settings.json").read_text())  # for --eval_only later
     assert settings["max_confidence_length"] == 4 and settings["num_eval_samples"] == 3
 

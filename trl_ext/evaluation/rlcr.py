@@ -115,18 +115,28 @@ def evaluate_calibration(
                 }
             )
     model.train(was_training)
-    parsed = [r for r in rows if r["confidence"] is not None]
-    report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])
-    n = max(len(rows), 1)
+    result = calibration_evaluation(rows, rlcr_paper_convention)
+    result.num_missing_gold += num_missing_gold
+    return result
+
+
+def calibration_evaluation(rows: list[dict], rlcr_paper_convention: bool = False) -> CalibrationEvaluation:
+    """Score per-sample `rows`, each with `correct` (1 or 0; `None`: no gold answer, so left out and counted in
+    `num_missing_gold`) and the stated `confidence` (`None`: unparsable), plus whatever the caller keeps with them
+    (texts). The trainers' held-out evaluation (`trainer.evaluate()`) gives such rows (`heldout_records`)."""
+    judged = [r for r in rows if r["correct"] is not None]
+    parsed = [r for r in judged if r["confidence"] is not None]
+    report = calibration_report([r["confidence"] for r in parsed], [int(r["correct"]) for r in parsed])
+    n = max(len(judged), 1)
     paper_report = None
     if rlcr_paper_convention:
-        confidences, correct = [r["confidence"] for r in rows], [r["correct"] for r in rows]
+        confidences, correct = [r["confidence"] for r in judged], [int(r["correct"]) for r in judged]
         paper_report = calibration_report(confidences, correct, convention="rlcr_paper")
     return CalibrationEvaluation(
         report=report,
-        accuracy=sum(r["correct"] for r in rows) / n,
+        accuracy=sum(r["correct"] for r in judged) / n,
         confidence_parse_fail_rate=1 - len(parsed) / n,
-        rows=rows,
-        num_missing_gold=num_missing_gold,
+        rows=judged,
+        num_missing_gold=len(rows) - len(judged),
         paper_report=paper_report,
     )

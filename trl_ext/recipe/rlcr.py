@@ -14,7 +14,7 @@ from trl import get_peft_config
 from ..data import graded_arithmetic
 from ..data.graded_arithmetic import ANSWER_FORMAT
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
-from ..evaluation.rlcr import evaluate_calibration
+from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing
 from ..trainers import RLCRMultiTurnTrainer
@@ -153,19 +153,39 @@ def reuse_evaluation_settings(argv: list[str]) -> list[str]:
     return [*argv, *flags]
 
 
-def evaluate_and_plot(model, tokenizer, evaluation, training_args, name, rlcr_paper_metrics=False):
-    """Greedy evaluation; writes `reliability_<name>.png` and every answer/confidence to `eval_<name>.json`."""
-    result = evaluate_calibration(
-        model, tokenizer, evaluation, training_args, rlcr_paper_convention=rlcr_paper_metrics
-    )
-    output_dir = Path(training_args.output_dir)
+def write_evaluation(result, output_dir, name):
+    """`reliability_<name>.png`, and every answer and confidence in `eval_<name>.json`."""
+    output_dir = Path(output_dir)
     reliability_diagram(
         result.report,
         output_dir / f"reliability_{name}.png",
         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}",
     )
     write_json(output_dir / f"eval_{name}.json", result.rows)
+
+
+def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False):
+    """The held-out evaluation of the trainer's model (`trainer.evaluate()`, a collective: every process calls it) as
+    a calibration report; the main process writes its files. `reuse_last`: the model was evaluated last at this step
+    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again."""
+    if not reuse_last:
+        trainer.evaluate(evaluation)
+    k = trainer.args.eval_num_samples
+    golds = evaluation[trainer.args.solution_column]
+    rows = [
+        {"gold": None if is_missing(golds[i // k]) else str(golds[i // k]), **record}
+        for i, record in enumerate(trainer.heldout_records)
+    ]
+    result = calibration_evaluation(rows, rlcr_paper_convention=rlcr_paper_metrics)
+    if trainer.accelerator.is_main_process:
+        write_evaluation(result, trainer.args.output_dir, name)
     return result
+
+
+def evaluated_last_at(trainer, step) -> bool:
+    """Whether the last held-out evaluation logged was at `step`."""
+    steps = [log["step"] for log in trainer.state.log_history if "eval_answer/accuracy" in log]
+    return bool(steps) and steps[-1] == step and trainer.heldout_records is not None
 
 
 def card_results(report):
@@ -243,7 +263,8 @@ def summary(report, output_dir, seconds):
 
 def main(script_args, training_args, model_args):
     """`recipes/rlcr.py`: evaluate only (`--eval_only`), or warm up, evaluate, train, evaluate again and report
-    (metrics.json, reliability diagrams, learning curves, model card)."""
+    (metrics.json, reliability diagrams, learning curves, model card). Every evaluation of the trained model is the
+    trainer's held-out evaluation (`trainer.evaluate()`), with the settings saved beside the model."""
     started = time.monotonic()
     seconds = {}
     output_dir = Path(training_args.output_dir)
@@ -252,17 +273,15 @@ def main(script_args, training_args, model_args):
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     train, evaluation = datasets_for(script_args, training_args)
     dtype = model_args.dtype
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": dtype,
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
 
     if script_args.eval_only:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, revision=model_args.model_revision)
-        result = evaluate_and_plot(model, tokenizer, evaluation, training_args, "eval", script_args.rlcr_paper_metrics)
-        write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
-        if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
-            write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
-        print(
-            f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
-            f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
-        )
+        eval_only(model_path, evaluation, tokenizer, script_args, training_args)
         return
 
     report = {"model": model_path}
@@ -271,12 +290,6 @@ def main(script_args, training_args, model_args):
         model_path, train, report["warmup"] = warm_up(model_path, train, script_args, training_args)
         seconds["format warm-up"] = report["warmup"]["seconds"]
 
-    training_args.model_init_kwargs = {
-        **(training_args.model_init_kwargs or {}),
-        "dtype": dtype,
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-    }
     trainer = RLCRMultiTurnTrainer(
         model=model_path,
         args=training_args,
@@ -286,19 +299,21 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    # Greedy evaluation runs on the main process; under ZeRO-3 and FSDP the other ranks hold shards it would need.
-    can_evaluate = evaluation is not None and not parameters_sharded(trainer)
-    if can_evaluate and trainer.accelerator.is_main_process:
+    # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
+    # model is then evaluated after training only.
+    history = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
+    if evaluation is not None and not parameters_sharded(trainer):
         clock = time.monotonic()
-        if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence
+        if "warmup" in report and trainer.accelerator.is_main_process:
+            # what the warm-up changed: the base model states no parsable confidence (main process, no trainer)
             base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
-            report["base"] = evaluate_and_plot(
-                base, tokenizer, evaluation, training_args, "base", script_args.rlcr_paper_metrics
+            report["base"] = evaluate_calibration(
+                base, tokenizer, evaluation, training_args, rlcr_paper_convention=script_args.rlcr_paper_metrics
             )
+            write_evaluation(report["base"], output_dir, "base")
             del base
-        report["before"] = evaluate_and_plot(
-            trainer.model, tokenizer, evaluation, training_args, "before", script_args.rlcr_paper_metrics
-        )
+        report["before"] = heldout_evaluation(trainer, evaluation, "before", script_args.rlcr_paper_metrics)
+        history = [trainer.state.log_history[-1]]
         seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
 
@@ -306,27 +321,27 @@ def main(script_args, training_args, model_args):
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     seconds["RL training"] = time.monotonic() - clock
     save_final_model(trainer, training_args.output_dir)
+    history += trainer.state.log_history
 
+    if evaluation is not None:
+        clock = time.monotonic()
+        reuse = evaluated_last_at(trainer, trainer.state.global_step)
+        report["after"] = heldout_evaluation(trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse)
+        if not reuse:
+            history.append(trainer.state.log_history[-1])
+        seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
     if trainer.accelerator.is_main_process:
-        if can_evaluate:
-            clock = time.monotonic()
-            report["after"] = evaluate_and_plot(
-                trainer.model, tokenizer, evaluation, training_args, "after", script_args.rlcr_paper_metrics
-            )
-            seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
+        if "before" in report and "after" in report:
             plot_reliability_diagrams(
                 {k: report[k].report for k in ("before", "after")},
                 output_dir / "reliability_before_after.png",
                 title="RLCR: before vs after RL",
             )
         plot_learning_curves(
-            trainer.state.log_history,
-            CURVES,
-            output_dir / "learning_curves.png",
-            title="RLCR training (per logging step)",
+            history, CURVES, output_dir / "learning_curves.png", title="RLCR training (per logging step)"
         )
         plot_heldout_curves(
-            trainer.state.log_history,
+            history,
             HELDOUT_CURVES,
             output_dir / "heldout_curves.png",
             title="RLCR held-out evaluation (per evaluation step)",
@@ -337,7 +352,7 @@ def main(script_args, training_args, model_args):
             {
                 **{k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in report.items()},
                 "seconds": seconds,
-                "train_log": trainer.state.log_history,
+                "train_log": history,
             },
         )
         write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
@@ -345,3 +360,28 @@ def main(script_args, training_args, model_args):
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+
+def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
+    """`--eval_only`: the held-out evaluation of `model_path` (the trainer's, as in training; nothing is trained)."""
+    if evaluation is None:
+        raise ValueError("--eval_only needs held-out rows: give --num_eval_samples or a --dataset_test_split.")
+    trainer = RLCRMultiTurnTrainer(
+        model=model_path, args=training_args, train_dataset=evaluation, processing_class=tokenizer
+    )
+    if parameters_sharded(trainer):
+        raise ValueError(
+            "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
+            "launch it without the sharded accelerate config."
+        )
+    result = heldout_evaluation(trainer, evaluation, "eval", script_args.rlcr_paper_metrics)
+    if not trainer.accelerator.is_main_process:
+        return
+    output_dir = Path(training_args.output_dir)
+    write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
+    if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
+        write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
+    print(
+        f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
+        f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
+    )

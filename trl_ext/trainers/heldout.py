@@ -35,6 +35,10 @@ from .scoping import TurnGeneration, evaluation_generation, scoped_call
 class HeldoutEvaluation:
     """Mixin for a `GRPOTrainer` subclass (listed before it): `evaluate()` runs the held-out evaluation."""
 
+    heldout_records: list[dict] | None = None
+    """The per-sample records of the last split `evaluate()` ran (every process's samples, in question order,
+    `eval_num_samples` per question; identical on every process), for reports and plots beyond the logged metrics."""
+
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Answer the evaluation questions with the current model and log the trainer's held-out metrics.
 
@@ -85,8 +89,8 @@ class HeldoutEvaluation:
             raise RuntimeError(f"{len(records)} evaluation records for {share} rows of {num_samples} samples.")
         kept = records[: len(indices) * num_samples]  # padding rows come last
         gathered = gather_object([kept])
-        all_records = [record for part in gathered for record in part]
-        metrics = self._heldout_metrics(rows, all_records)
+        self.heldout_records = [record for part in gathered for record in part]
+        metrics = self._heldout_metrics(rows, self.heldout_records)
         metrics["seconds"] = time.monotonic() - start
         logs = {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}
         # GRPOTrainer.log reads the mode from the model: in eval mode it adds (and clears) only eval metrics, such as

@@ -374,7 +374,7 @@ class RLCRMultiTurnTrainer(
     def _heldout_records(self, rows, num_samples):
         """Answer each question `num_samples` times, then one confidence turn on each fixed answer, built on tokens
         as in training (`FollowUpTurn.prompt_ids`). Per sample: correctness (accuracy reward; `None` without gold),
-        whether an answer could be parsed, and the stated confidence (`None`: unparsable)."""
+        whether an answer could be parsed, the stated confidence (`None`: unparsable), and both replies' texts."""
         args = self.args
         prompts = [row["prompt"] for row in rows]
         prompt_ids = [ids for ids in self._heldout_prompt_ids(prompts) for _ in range(num_samples)]
@@ -394,6 +394,8 @@ class RLCRMultiTurnTrainer(
                 "correct": nan_to_none(reward),
                 "answer_parsed": bool(extract_answer(answer, args.answer_tag, args.lenient_parsing)),
                 "confidence": extract_confidence(confidence, args.confidence_tag, args.lenient_parsing),
+                "answer": answer,
+                "confidence_text": confidence,
             }
             for reward, answer, confidence in zip(rewards[:, 0].tolist(), answers, confidences, strict=True)
         ]
