@@ -144,10 +144,24 @@ def evaluate_solver(
     finally:
         model.train(was_training)
     scores = score_replies(family, questions, conversations, replies, completion_ids)
+    return solver_evaluation(family, questions, scores, [reply.get("content") for reply in replies])
+
+
+def solver_evaluation(
+    family: TaskFamily, questions: Sequence[dict[str, Any]], scores: Sequence[float | None], replies: Sequence[str]
+) -> SolverEvaluation:
+    """The report of scored replies, `scores[i]` and `replies[i]` for `questions[i]` (a question repeated for each of
+    its samples): this function's greedy replies, or the records of the trainer's held-out evaluation
+    (`trainer.evaluate()`). A held-out question must be scorable: a `None` score raises."""
+    for question, score in zip(questions, scores, strict=True):
+        if score is None:
+            raise ValueError(
+                f"{family.reward_funcs[0].__name__} cannot score the held-out question {question} (no gold answer?)."
+            )
     groups = [question.get(family.heldout_breakdown) if family.heldout_breakdown else None for question in questions]
     accuracy, by_group, counts = accuracy_breakdown(scores, groups)
     rows = [
-        {"question": dict(question), "reply": reply.get("content"), "score": score}
+        {"question": dict(question), "reply": reply, "score": score}
         for question, reply, score in zip(questions, replies, scores, strict=True)
     ]
     return SolverEvaluation(

@@ -25,7 +25,7 @@ from .outputs import (
     write_json,
     write_model_card,
 )
-from .self_play_heldout import evaluate_heldout, heldout_lines, heldout_set
+from .self_play_heldout import evaluate_heldout, evaluated_last_at, heldout_lines, heldout_set
 
 
 TASKS = ("arithmetic", "workspace", "code")  # --task choices
@@ -258,21 +258,23 @@ def main(script_args, training_args, model_args):
         environment_factory=task.environment_factory,
         task_state=task.state,
     )
-    # Greedy evaluation runs on the main process; under ZeRO-3 and FSDP the other ranks hold shards it would need.
-    can_evaluate = questions is not None and not parameters_sharded(trainer)
+    # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
+    # solver is then evaluated after training only.
     heldout = {}
-    if can_evaluate and trainer.accelerator.is_main_process:
-        heldout["before"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "before")
+    if questions is not None and not parameters_sharded(trainer):
+        heldout["before"] = evaluate_heldout(trainer, task, questions, "before")
     trainer.accelerator.wait_for_everyone()
 
     clock = time.monotonic()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     seconds = {"self-play": time.monotonic() - clock}
     save_final_model(trainer, training_args.output_dir)
+    if questions is not None:
+        reuse = evaluated_last_at(trainer, trainer.state.global_step, "eval_accuracy")
+        heldout["after"] = evaluate_heldout(trainer, task, questions, "after", reuse)
 
     if trainer.accelerator.is_main_process:
-        if can_evaluate:
-            heldout["after"] = evaluate_heldout(trainer.model, tokenizer, task, questions, training_args, "after")
+        if "before" in heldout:
             plot_heldout_accuracy(
                 heldout,
                 trainer.state.log_history,
@@ -303,11 +305,11 @@ def main(script_args, training_args, model_args):
         if task.state is not None:
             write_json(output_dir / "task_state.json", task.state.state_dict())
         plots = ["learning_curves.png (self-play metrics per step)"]
-        if heldout:
+        if "before" in heldout:
             print("\n".join(heldout_lines(heldout)))
             plots.append("heldout_accuracy.png (held-out accuracy before/after, learnable ratio per step)")
         elif questions is not None:
-            print("held-out evaluation skipped: under ZeRO-3 no single process holds the whole model")
+            print("held-out evaluation before training skipped: under ZeRO-3 or FSDP only train() gathers the shards")
         print(time_summary(seconds))
         print(f"report and plots in {output_dir}: " + ", ".join(plots))
     write_model_card(

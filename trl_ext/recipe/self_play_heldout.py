@@ -1,10 +1,11 @@
-"""The Absolute Zero recipe's held-out evaluation: the family's fixed solver questions, answered greedily."""
+"""The Absolute Zero recipe's held-out evaluation: the family's fixed solver questions, answered by the trainer's
+held-out evaluation (greedy unless `--eval_temperature`), before and after self-play."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..evaluation.solver import evaluate_solver
+from ..evaluation.solver import solver_evaluation
 from .outputs import write_json
 
 
@@ -22,19 +23,27 @@ def heldout_set(task, script_args, seed):
     return task.heldout_questions(script_args.heldout_size, seed)
 
 
-def evaluate_heldout(model, tokenizer, task, questions, training_args, name):
-    """The solver's greedy held-out accuracy; every question, reply and score to `heldout_<name>.json`."""
-    result = evaluate_solver(
-        task,
-        model,
-        tokenizer,
-        training_args.max_completion_length,
-        questions,
-        chat_template_kwargs=training_args.chat_template_kwargs,
-        progress=not training_args.disable_tqdm,
-    )
-    write_json(Path(training_args.output_dir) / f"heldout_{name}.json", {**result.to_dict(), "rows": result.rows})
+def evaluate_heldout(trainer, task, questions, name, reuse_last=False):
+    """The solver's held-out accuracy through the trainer's held-out evaluation (`trainer.evaluate()`, a collective:
+    every process calls it); the main process writes every question, reply and score to `heldout_<name>.json`.
+    `reuse_last`: the model was evaluated last at this step (the final `--eval_steps` evaluation): its records are
+    reported instead of generating them again."""
+    if not reuse_last:
+        trainer.evaluate([dict(question) for question in questions])
+    k = trainer.args.eval_num_samples
+    records = trainer.heldout_records
+    samples = [question for question in questions for _ in range(k)]
+    result = solver_evaluation(task, samples, [r["score"] for r in records], [r["reply"] for r in records])
+    if trainer.accelerator.is_main_process:
+        path = Path(trainer.args.output_dir) / f"heldout_{name}.json"
+        write_json(path, {**result.to_dict(), "rows": result.rows})
     return result
+
+
+def evaluated_last_at(trainer, step, key) -> bool:
+    """Whether the last held-out evaluation logged (`key` in its entry) was at `step`, with its records kept."""
+    steps = [log["step"] for log in trainer.state.log_history if key in log]
+    return bool(steps) and steps[-1] == step and trainer.heldout_records is not None
 
 
 def heldout_lines(heldout):

@@ -284,7 +284,7 @@ class AbsoluteZeroTrainer(
     def _heldout_records(self, rows, num_samples):
         """The solver answers each held-out question `num_samples` times (its prompt from `solver_prompt_fn` with an
         empty seed row, its generation settings and length); the first reward function scores each answer (`None`:
-        not scorable, counted)."""
+        not scorable, counted) and the reply's text."""
         prompts = [self.solver_prompt_fn(dict(row), {}) for row in rows]
         prompt_ids = self._heldout_prompt_ids(prompts)
         completion_ids = self._heldout_generate(
@@ -295,7 +295,11 @@ class AbsoluteZeroTrainer(
         sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
         completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
         rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
-        return [{"score": nan_to_none(value)} for value in rewards[:, 0].tolist()]
+        replies = [c[0].get("content") if isinstance(c, list) else c for c in completions]
+        return [
+            {"score": nan_to_none(value), "reply": reply}
+            for value, reply in zip(rewards[:, 0].tolist(), replies, strict=True)
+        ]
 
     def _heldout_metrics(self, rows, records):
         k = len(records) // len(rows)
