@@ -26,6 +26,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import gather_object
+from tqdm.auto import tqdm
 from trl.data_utils import is_conversational
 
 from ..evaluation.solver import reply_message
@@ -81,7 +82,13 @@ class HeldoutEvaluation:
         self.model.eval()
         try:
             with self._heldout_scope():
-                for begin in range(0, share, chunk):
+                batches = tqdm(
+                    range(0, share, chunk),
+                    desc="held-out evaluation",
+                    disable=self.args.disable_tqdm or not self.is_local_process_zero(),
+                    leave=False,
+                )
+                for begin in batches:
                     records += self._heldout_records(local[begin : begin + chunk], num_samples)
         finally:
             self.model.train(was_training)
