@@ -13,17 +13,21 @@ median and spread of `step_time` after one warm-up step, and the ratios of the m
 with scripted fixed-length completions excludes generation, the bound on the ratio when generation is free (as with a
 fast vLLM server).
 
-curves: with replay (starting at `--replay-start` of the steps) and without (plain GRPOTrainer), once per seed in
-`--seeds`, both from the RLCR recipe's format warm-up of the embedded default (short `<answer>` replies, so that a
+curves: with replay (starting at `--replay-start` of the steps) and without (the replay trainer with replay never
+starting: plain GRPO updates, as `overhead` checks), once per seed in `--seeds`, both from the RLCR recipe's format warm-up of the embedded default (short `<answer>` replies, so that a
 135M model gets some answers right and some wrong, which replay needs): accuracy per step of the fresh rollouts
 (replayed rows excluded) with its 4-step moving average, mean and min-max over seeds, fresh tokens generated per step,
 steps until the replay run's moving average reaches the no-replay run's final accuracy (mean over the last quarter of
-its steps; per seed and on the seed means), and buffer bytes per stored token.
+its steps; per seed and on the seed means), and buffer bytes per stored token. Both runs also answer
+`--heldout-size` questions that neither the warm-up nor any seed trained on, greedily, before training and every
+quarter of the steps (`trainer.evaluate()`): training accuracy mixes which questions replay asks with what the model
+learnt, held-out accuracy measures only the latter.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -34,6 +38,7 @@ from common import (
     load_model,
     machine_load,
     plot_step_times,
+    rlcr_cpu_run,
     rlcr_cpu_warmup,
     summarize,
 )
@@ -59,6 +64,7 @@ def make_trainer(
     seed=42,
     system_prompt=None,
     batch_size=8,
+    heldout=None,
     **replay_args,
 ):
     """GRPO or Replay GRPO on graded arithmetic. Without `model_path`: the embedded default with lenient parsing, the
@@ -88,10 +94,17 @@ def make_trainer(
         seed=seed,
         bf16=model_path is not None,
     )
-    if replay:
+    if heldout is not None:  # greedy held-out accuracy every quarter of the run
+        common.update(eval_strategy="steps", eval_steps=max(steps // 4, 1), per_device_eval_batch_size=32)
+    if replay or heldout is not None:
         args = cpu_test_args(tempfile.mkdtemp(), ReplayGRPOConfig, **common, **replay_args)
         return ReplayGRPOTrainer(
-            model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer
+            model=model,
+            reward_funcs=rewards,
+            args=args,
+            train_dataset=data,
+            eval_dataset=heldout,
+            processing_class=tokenizer,
         )
     args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, **common)
     return GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer)
@@ -142,28 +155,50 @@ def moving_average(values, window=WINDOW):
     return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
+def heldout_questions(n: int, system_prompt: str, exclude) -> list[dict]:
+    """`n` graded-arithmetic questions (a seed of their own) none of which is in `exclude` (the training questions
+    of every seed, and the warm-up's), the same for every run."""
+    seen = {json.dumps(row["prompt"]) for row in exclude}
+    rows = list(graded_arithmetic(4 * n, seed=9000, system_prompt=system_prompt))
+    return [row for row in rows if json.dumps(row["prompt"]) not in seen][:n]
+
+
 def run_curves(
-    replay: bool, steps: int, replay_start: float, learning_rate: float, seed: int, model_path, system_prompt
+    replay: bool,
+    steps: int,
+    replay_start: float,
+    learning_rate: float,
+    seed: int,
+    model_path,
+    system_prompt,
+    heldout,
 ) -> dict:
+    # Without replay: the replay trainer with replay never starting (plain GRPO updates, as `overhead` checks), so
+    # that both runs get the same held-out evaluation (`trainer.evaluate()`).
     trainer = make_trainer(
-        replay,
+        True,
         steps,
         learning_rate,
         model_path=model_path,
         seed=seed,
         system_prompt=system_prompt,
         batch_size=16,
-        replay_start_ratio=replay_start,
+        heldout=heldout,
+        replay_start_ratio=replay_start if replay else 1.0,
     )
+    before = trainer.evaluate()
     trainer.train()
+    evaluations = [(0, before["eval_accuracy"])]
+    evaluations += [(log["step"], log["eval_accuracy"]) for log in trainer.state.log_history if "eval_accuracy" in log]
     # Fresh rollouts only: replayed rows are stored successes and would inflate the replay run's accuracy.
-    accuracy = logged(trainer, "replay/solve_rate" if replay else "rewards/accuracy/mean")
+    accuracy = logged(trainer, "replay/solve_rate")
     run = {
         "accuracy": accuracy,
         "accuracy_moving_average": moving_average(accuracy),
-        "fresh_tokens": logged(trainer, "replay/fresh_tokens")
-        if replay
-        else [round(m * 16) for m in logged(trainer, "completions/mean_length")],
+        "fresh_tokens": logged(trainer, "replay/fresh_tokens"),
+        "heldout_steps": [step for step, _ in evaluations],
+        "heldout_accuracy": [value for _, value in evaluations],
+        "heldout_seconds": logged(trainer, "eval_seconds"),
     }
     if replay:
         exp = trainer.experience
@@ -176,15 +211,21 @@ def run_curves(
     return run
 
 
-def curves(steps: int, replay_start: float, learning_rate: float, seeds: list[int]) -> dict:
+def curves(steps: int, replay_start: float, learning_rate: float, seeds: list[int], heldout_size: int) -> dict:
     """Both configurations from the RLCR recipe's format warm-up of the embedded default, once per seed (the seed
     draws the questions, the samples and the replay decisions)."""
     model_path, system_prompt = rlcr_cpu_warmup()
+    _, _, rlcr_train, _ = rlcr_cpu_run()  # the warm-up's questions are its first rows
+    seen = list(rlcr_train)
+    seen += [row for seed in seeds for row in graded_arithmetic(500, seed=1000 + seed, system_prompt=system_prompt)]
+    heldout = heldout_questions(heldout_size, system_prompt, exclude=seen)
     runs = {name: [] for name in ("no_replay", "replay")}
     for seed in seeds:
         for name in runs:
             runs[name].append(
-                run_curves(name == "replay", steps, replay_start, learning_rate, seed, model_path, system_prompt)
+                run_curves(
+                    name == "replay", steps, replay_start, learning_rate, seed, model_path, system_prompt, heldout
+                )
             )
     result = {
         "model": "format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, CPU",
@@ -193,6 +234,8 @@ def curves(steps: int, replay_start: float, learning_rate: float, seeds: list[in
         "replay_start_ratio": replay_start,
         "learning_rate": learning_rate,
         "rollouts_per_step": 16,
+        "heldout": f"{len(heldout)} graded-arithmetic questions in neither the warm-up nor any seed's training set, "
+        "greedy, before training and every quarter of the steps (trainer.evaluate())",
         **compare(runs),
         "runs": runs,
     }
@@ -240,6 +283,14 @@ def compare(runs: dict) -> dict:
             name: statistics.mean(t for run in seeded for t in run["fresh_tokens"]) for name, seeded in runs.items()
         },
         "buffer_bytes_per_token": statistics.mean(run["buffer_bytes_per_token"] for run in runs["replay"]),
+        "heldout_accuracy": {
+            name: {
+                "before": statistics.mean(run["heldout_accuracy"][0] for run in seeded),
+                "after": statistics.mean(run["heldout_accuracy"][-1] for run in seeded),
+                "after_per_seed": [run["heldout_accuracy"][-1] for run in seeded],
+            }
+            for name, seeded in runs.items()
+        },
     }
 
 
@@ -247,9 +298,9 @@ def plot_curves(result: dict, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(13, 3.8), layout="constrained")
+    fig = Figure(figsize=(17, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
-    ax_acc, ax_tok, ax_buf = fig.subplots(1, 3)
+    ax_acc, ax_held, ax_tok, ax_buf = fig.subplots(1, 4)
     start = result["replay_start_ratio"] * result["steps"] + 0.5
     for color, (name, seeded) in zip(("C0", "C1"), result["runs"].items()):
         smoothed = [run["accuracy_moving_average"] for run in seeded]
@@ -263,11 +314,17 @@ def plot_curves(result: dict, path: Path) -> None:
             label=f"{name}: mean of {len(seeded)} seeds ({WINDOW}-step average), band: min-max",
         )
         ax_tok.plot(steps, mean_curve([run["fresh_tokens"] for run in seeded]), color=color, label=name)
+        held = [run["heldout_accuracy"] for run in seeded]
+        ax_held.fill_between(
+            seeded[0]["heldout_steps"], *zip(*[(min(v), max(v)) for v in zip(*held)]), color=color, alpha=0.2
+        )
+        ax_held.plot(seeded[0]["heldout_steps"], mean_curve(held), "o-", color=color, label=f"{name}: mean, min-max")
     ax_acc.axhline(result["mean_curve_no_replay_final_accuracy"], color="C0", linestyle=":", linewidth=0.8)
     for run in result["runs"]["replay"]:
         ax_buf.plot(range(1, len(run["buffer_trajectories"]) + 1), run["buffer_trajectories"], color="C1", alpha=0.6)
     for ax, title in (
         (ax_acc, "accuracy of the fresh rollouts"),
+        (ax_held, "held-out accuracy (greedy, unseen questions)"),
         (ax_tok, "fresh tokens generated per step"),
         (ax_buf, "buffer trajectories (each seed)"),
     ):
@@ -276,6 +333,7 @@ def plot_curves(result: dict, path: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     ax_acc.legend(fontsize=7)
+    ax_held.legend(fontsize=7)
     ax_tok.legend(fontsize=8)
     fig.suptitle(
         "Replay GRPO vs GRPO from the format warm-up of the embedded default (dashed: replay starts; "
@@ -292,12 +350,13 @@ def main(argv=None):
     parser.add_argument("--replay-start", type=float, default=0.25, help="curves: replay_start_ratio")
     parser.add_argument("--learning-rate", type=float, default=1e-5, help="curves: learning rate")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="curves: one run per seed")
+    parser.add_argument("--heldout-size", type=int, default=64, help="curves: held-out questions")
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps or 4)
     else:
-        result = curves(args.steps or 24, args.replay_start, args.learning_rate, args.seeds)
+        result = curves(args.steps or 24, args.replay_start, args.learning_rate, args.seeds, args.heldout_size)
     path = write_json(RESULTS / f"replay_{args.part}.json", result)
     print({k: v for k, v in result.items() if k != "runs"})
     print(f"-> {path}")
