@@ -70,6 +70,7 @@ def test_import_is_cheap():
     assert out == "[]"
 
 
+@pytest.mark.slow  # a fresh interpreter importing TRL: seconds
 def test_trainers_and_configs_are_exported_at_the_top_level():
     out = _fresh_interpreter(
         "import sys\n"

@@ -44,6 +44,7 @@ def test_server_speaks_the_completions_api(model_and_tokenizer):
         assert bad.status_code == 400 and "token-id prompts" in bad.json()["error"]
 
 
+@pytest.mark.slow
 def test_grpo_trains_two_steps_through_the_vllm_server(tmp_path, model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Say {i}"}]} for i in range(8)])

@@ -66,6 +66,7 @@ def test_single_turn_examples_share_the_draws_kind():
 EXAMPLES = rlcr_format_examples(ROWS, CONF, seed=0)
 
 
+@pytest.mark.slow
 def test_format_warmup_trains_caches_and_names_its_base(tmp_path, monkeypatch):
     # As one rank of a 2-process job: the build must run as a single process, not wait for a second rank.
     for name, value in {

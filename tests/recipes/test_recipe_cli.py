@@ -75,6 +75,7 @@ def test_recipe_configs_name_only_known_fields(recipe, script_args, config):
         assert set(yaml.safe_load(path.read_text())) - known == set(), path.name
 
 
+@pytest.mark.slow  # a fresh interpreter importing the recipe: seconds
 def test_help_marks_the_embedded_default_values():
     out = subprocess.run(
         [sys.executable, str(ROOT / "recipes/rlcr.py"), "--help"],

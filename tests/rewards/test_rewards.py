@@ -330,8 +330,9 @@ def short_timeout(monkeypatch):
 
 @pytest.mark.parametrize(
     "on_main_thread",
-    # the main-thread run tries every case (about 17 s); the worker-thread run a sample, also in the fast loop
-    [pytest.param(True, marks=pytest.mark.slow), False],
+    # the main-thread run tries every case (about 17 s), the worker-thread run a sample (4 s, each case waiting for
+    # the timeout); the fast loop keeps test_hostile_answers_share_one_batch_deadline
+    [pytest.param(True, marks=pytest.mark.slow), pytest.param(False, marks=pytest.mark.slow)],
     ids=["main-thread", "worker-thread"],
 )
 def test_adversarial_answers_finish_fast(on_main_thread, short_timeout):

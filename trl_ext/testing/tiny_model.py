@@ -8,6 +8,8 @@ recognise them) and Qwen3's `<think>` tokens, on a tiny Qwen3 architecture.
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 
@@ -26,7 +28,14 @@ from ..models.default_model import default_model_path
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerBase:
-    """SmolLM2's tokenizer with its chat template; pad token = `<|im_end|>` (also the end-of-turn token)."""
+    """SmolLM2's tokenizer with its chat template; pad token = `<|im_end|>` (also the end-of-turn token). A fresh
+    copy on every call (callers change chat templates and add tokens), copied from one loaded per process: loading
+    costs about twice the copy, and test suites build hundreds."""
+    return copy.deepcopy(_loaded_tokenizer())
+
+
+@functools.cache
+def _loaded_tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(default_model_path())
 
 

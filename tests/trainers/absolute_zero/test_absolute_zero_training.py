@@ -3,6 +3,7 @@ roles, vLLM server mode."""
 
 import math
 
+import pytest
 import torch
 from datasets import Dataset
 
@@ -59,6 +60,7 @@ def make(tmp_path, model=None, tokenizer=None, **overrides):
     )
 
 
+@pytest.mark.slow
 def test_real_generation_trains_and_resumes(tmp_path):
     trainer = make(tmp_path, max_steps=2, save_strategy="steps", save_steps=2, lr_scheduler_type="constant")
     before = snapshot_parameters(trainer.model)

@@ -16,6 +16,7 @@ from trl_ext.rewards import LLMJudge
 from trl_ext.self_play import workspace_task
 from trl_ext.self_play.workspace import render_judge_request, solver_prompt
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
+from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
 
 TASK = {
@@ -111,7 +112,8 @@ def test_grpo_episodes_in_the_workspace(tmp_path, evaluator, judge_server, monke
         processing_class=tokenizer,
         environment_factory=task.environment_factory,
     )
-    with ScriptedGeneration(trainer, script) as generation:
+    # the trainers' CPU log-prob path (same values): TRL's scores every position of these long tool prompts
+    with ScriptedGeneration(trainer, script) as generation, cpu_logprob_tiles(256, trainer.accelerator.device):
         trainer.train()
     # One call for the first turns, one after the tool results (3 rows); the calls record what was generated then.
     assert [len(call.completion_ids) for call in generation.calls] == [4, 3]

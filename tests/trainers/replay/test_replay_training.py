@@ -38,6 +38,7 @@ def replay_logs(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
+@pytest.mark.slow
 def test_real_training_replays_and_checkpoints_the_buffer(tmp_path):
     model, tokenizer = tiny_causal_lm(seed=1)
     before = [p.detach().clone() for p in model.parameters()]

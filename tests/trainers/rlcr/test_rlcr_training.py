@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from datasets import Dataset
 
@@ -44,6 +45,7 @@ def half_right(prompt_text, k):
     return f"<think>sum</think><answer>{gold if k % 2 == 0 else gold + 1}</answer>"
 
 
+@pytest.mark.slow
 def test_real_generation_trains_and_resumes(tmp_path):
     model, tokenizer = tiny_causal_lm()
     before = snapshot_parameters(model)
