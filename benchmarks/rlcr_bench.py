@@ -8,9 +8,12 @@ Results: benchmarks/results/rlcr_<part>.json and .png.
 overhead: both trainers get scripted completions of fixed lengths (generation cost is identical by construction and
 excluded), so the ratio measures what RLCR adds per step: the second scoring pass, turn-2 prompts (longer: they
 contain the answer), span masks, metrics. RLCR runs twice: with the packed loss forward (`share_prefix=True`, the
-default) and with rows scored one by one. The three trainers are built once and run one step each in turn (A B C A B
-C ...), so load on a shared machine lands on all of them alike; per trainer the min, median and spread of
-`step_time` after one warm-up step, and the ratios to GRPO of the medians and of the mins.
+default) and with rows scored one by one. GRPO runs twice too: as TRL ships it (on CPU its fused LM head scores
+every prompt position, in 4096-token tiles) and on the trainers' CPU log-prob path (labelled positions only, in
+`cpu_logprob_tile_tokens` tiles): the ratio to the first is what a user sees, to the second what RLCR's algorithm
+costs. The four trainers are built once and run one step each in turn (A B C D A B C D ...), so load on a shared
+machine lands on all of them alike; per trainer the min, median and spread of `step_time` after one warm-up step, and
+the ratios of the medians and of the mins to each GRPO.
 
 calibration: multi-turn RLCR (the recipe's embedded-default run: G_a answers, then G_c confidences per answer)
 against single-turn RLCR (answer and confidence in one completion, reward accuracy + Brier, plain GRPOTrainer), both
@@ -53,6 +56,8 @@ from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_re
 from trl_ext.rewards.parsing import completion_text
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.trainers.base_config import TrlExtGRPOConfig
+from trl_ext.trainers.logprob_tiles import CPULogprobTiles
 
 
 RESULTS = Path(__file__).parent / "results"
@@ -95,6 +100,27 @@ def overhead(steps: int) -> dict:
 
     runs["grpo"] = (grpo, ScriptedGeneration(grpo, grpo_script))
 
+    # The same GRPO on the trainers' CPU log-prob path (labelled positions only, small tiles): the ratio to it
+    # measures RLCR's algorithm, the ratio to TRL's own path what a user sees.
+    model, tok = load_model()
+    args = cpu_test_args(
+        tempfile.mkdtemp(),
+        TrlExtGRPOConfig,
+        per_device_train_batch_size=g_a * (1 + g_c),
+        num_generations=g_a,
+        **common,
+    )
+    grpo_tiles = GRPOWithCPULogprobTiles(
+        model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data, processing_class=tok
+    )
+    tile_calls = []
+
+    def grpo_tiles_script(prompt_text, k):
+        tile_calls.append(prompt_text)
+        return answer if (len(tile_calls) - 1) % 12 < g_a else confidence
+
+    runs["grpo_cpu_tiles"] = (grpo_tiles, ScriptedGeneration(grpo_tiles, grpo_tiles_script))
+
     # RLCR with the packed loss forward (default) and with rows scored one by one.
     for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
         model, tok = load_model()
@@ -119,11 +145,21 @@ def overhead(steps: int) -> dict:
         "rows_per_step": g_a * (1 + g_c),
         "generated_tokens_per_step": g_a * answer_len + g_a * g_c * confidence_len,
         "measured_steps": steps,
-        "order": "interleaved: one step of each configuration in turn (grpo, rlcr, rlcr_unpacked), warm-up dropped",
+        "order": "interleaved: one step of each configuration in turn (grpo, grpo_cpu_tiles, rlcr, rlcr_unpacked), "
+        "warm-up dropped",
         "machine_load_before": load_before,
         "machine_load_after": machine_load(),
         "step_times": summarize(times, baseline="grpo"),
+        "vs_grpo_cpu_tiles": {
+            name: summary["vs_grpo_cpu_tiles"]
+            for name, summary in summarize(times, baseline="grpo_cpu_tiles").items()
+            if "vs_grpo_cpu_tiles" in summary
+        },
     }
+
+
+class GRPOWithCPULogprobTiles(CPULogprobTiles, GRPOTrainer):
+    """Plain GRPO on the trainers' CPU log-prob path, per training step (the benchmark's trainers share a process)."""
 
 
 # -- calibration curves ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from .outputs import (
     write_json,
     write_model_card,
 )
-from .self_play_heldout import evaluate_heldout, evaluated_last_at, heldout_lines, heldout_set
+from .self_play_heldout import evaluate_heldout, heldout_lines, heldout_set
 
 
 TASKS = ("arithmetic", "workspace", "code")  # --task choices
@@ -270,7 +270,7 @@ def main(script_args, training_args, model_args):
     seconds = {"self-play": time.monotonic() - clock}
     save_final_model(trainer, training_args.output_dir)
     if questions is not None:
-        reuse = evaluated_last_at(trainer, trainer.state.global_step, "eval_accuracy")
+        reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
         heldout["after"] = evaluate_heldout(trainer, task, questions, "after", reuse)
 
     if trainer.accelerator.is_main_process:

@@ -182,12 +182,6 @@ def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reus
     return result
 
 
-def evaluated_last_at(trainer, step) -> bool:
-    """Whether the last held-out evaluation logged was at `step`."""
-    steps = [log["step"] for log in trainer.state.log_history if "eval_answer/accuracy" in log]
-    return bool(steps) and steps[-1] == step and trainer.heldout_records is not None
-
-
 def card_results(report):
     """The model card's headline numbers: greedy accuracy and calibration before and after training."""
     results = {}
@@ -325,7 +319,7 @@ def main(script_args, training_args, model_args):
 
     if evaluation is not None:
         clock = time.monotonic()
-        reuse = evaluated_last_at(trainer, trainer.state.global_step)
+        reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
         report["after"] = heldout_evaluation(trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse)
         if not reuse:
             history.append(trainer.state.log_history[-1])

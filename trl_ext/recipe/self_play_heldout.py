@@ -40,12 +40,6 @@ def evaluate_heldout(trainer, task, questions, name, reuse_last=False):
     return result
 
 
-def evaluated_last_at(trainer, step, key) -> bool:
-    """Whether the last held-out evaluation logged (`key` in its entry) was at `step`, with its records kept."""
-    steps = [log["step"] for log in trainer.state.log_history if key in log]
-    return bool(steps) and steps[-1] == step and trainer.heldout_records is not None
-
-
 def heldout_lines(heldout):
     """The held-out accuracies before -> after, overall and per group, as printed at the end of a run."""
     before, after = heldout["before"], heldout["after"]

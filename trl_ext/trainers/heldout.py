@@ -39,6 +39,8 @@ class HeldoutEvaluation:
     heldout_records: list[dict] | None = None
     """The per-sample records of the last split `evaluate()` ran (every process's samples, in question order,
     `eval_num_samples` per question; identical on every process), for reports and plots beyond the logged metrics."""
+    heldout_step: int | None = None
+    """The training step (`state.global_step`) at which those records were made."""
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Answer the evaluation questions with the current model and log the trainer's held-out metrics.
@@ -97,6 +99,7 @@ class HeldoutEvaluation:
         kept = records[: len(indices) * num_samples]  # padding rows come last
         gathered = gather_object([kept])
         self.heldout_records = [record for part in gathered for record in part]
+        self.heldout_step = self.state.global_step
         metrics = self._heldout_metrics(rows, self.heldout_records)
         metrics["seconds"] = time.monotonic() - start
         logs = {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}
