@@ -34,7 +34,8 @@ def rlcr_cpu_run():
     """`(script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the embedded
     default: its config parsed and its datasets built as the recipe does."""
     from trl_ext.recipe import with_default_config
-    from trl_ext.recipe.rlcr import RLCRScriptArguments, datasets_for
+    from trl_ext.recipe.data import datasets_for
+    from trl_ext.recipe.rlcr import RLCRScriptArguments
     from trl_ext.trainers import RLCRMultiTurnConfig
 
     parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))

@@ -84,42 +84,27 @@ def overhead(steps: int) -> dict:
     runs = {}
 
     # Plain GRPO on the same generated tokens: one prompt's 4 rows of answer length, two prompts' 8 rows of
-    # confidence length (12 rows, 4*32 + 8*16 tokens), with accuracy as the reward.
-    model, tok = load_model()
-    args = cpu_test_args(
-        tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
-    )
-    grpo = GRPOTrainer(
-        model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data, processing_class=tok
-    )
-    calls = []
+    # confidence length (12 rows, 4*32 + 8*16 tokens), with accuracy as the reward; as TRL ships it, and on the
+    # trainers' CPU log-prob path (labelled positions only, small tiles): the ratio to the second measures RLCR's
+    # algorithm, to the first what a user sees.
+    for name, trainer_cls, config_cls in (
+        ("grpo", GRPOTrainer, GRPOConfig),
+        ("grpo_cpu_tiles", GRPOWithCPULogprobTiles, TrlExtGRPOConfig),
+    ):
+        model, tok = load_model()
+        args = cpu_test_args(
+            tempfile.mkdtemp(), config_cls, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
+        )
+        grpo = trainer_cls(
+            model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data, processing_class=tok
+        )
+        calls = []
 
-    def grpo_script(prompt_text, k):
-        calls.append(prompt_text)
-        return answer if (len(calls) - 1) % 12 < g_a else confidence
+        def grpo_script(prompt_text, k, calls=calls):
+            calls.append(prompt_text)
+            return answer if (len(calls) - 1) % 12 < g_a else confidence
 
-    runs["grpo"] = (grpo, ScriptedGeneration(grpo, grpo_script))
-
-    # The same GRPO on the trainers' CPU log-prob path (labelled positions only, small tiles): the ratio to it
-    # measures RLCR's algorithm, the ratio to TRL's own path what a user sees.
-    model, tok = load_model()
-    args = cpu_test_args(
-        tempfile.mkdtemp(),
-        TrlExtGRPOConfig,
-        per_device_train_batch_size=g_a * (1 + g_c),
-        num_generations=g_a,
-        **common,
-    )
-    grpo_tiles = GRPOWithCPULogprobTiles(
-        model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data, processing_class=tok
-    )
-    tile_calls = []
-
-    def grpo_tiles_script(prompt_text, k):
-        tile_calls.append(prompt_text)
-        return answer if (len(tile_calls) - 1) % 12 < g_a else confidence
-
-    runs["grpo_cpu_tiles"] = (grpo_tiles, ScriptedGeneration(grpo_tiles, grpo_tiles_script))
+        runs[name] = (grpo, ScriptedGeneration(grpo, grpo_script))
 
     # RLCR with the packed loss forward (default) and with rows scored one by one.
     for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):

@@ -15,7 +15,7 @@ from ..rewards import LLMJudge
 from ..self_play import arithmetic_task, code_reasoning_task, workspace_task
 from ..self_play.workspace import render_judge_request
 from ..trainers import AbsoluteZeroTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, resolve_model
+from .cli import FormatWarmupArguments, RecipeScriptArguments, load_models_as, resolve_model
 from .data import load_recipe_dataset
 from .outputs import (
     parameters_sharded,
@@ -238,12 +238,7 @@ def main(script_args, training_args, model_args):
     if training_args.learnability_criteria is None and task.learnability_criteria is not None:
         training_args.learnability_criteria = [dict(c) for c in task.learnability_criteria]
 
-    training_args.model_init_kwargs = {
-        **(training_args.model_init_kwargs or {}),
-        "dtype": model_args.dtype,
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-    }
+    load_models_as(model_args, training_args)
     trainer = AbsoluteZeroTrainer(
         model=model_path,
         reward_funcs=task.reward_funcs,

@@ -219,3 +219,14 @@ def _accelerator_available() -> bool:
 def resolve_model(model_name_or_path: str | None) -> str:
     """The model to train: the given Hub id or path, else the embedded default checkpoint."""
     return model_name_or_path or default_model_path()
+
+
+def load_models_as(model_args, training_args) -> None:
+    """The trainer loads the policy (and reference) model from its path as `ModelConfig` asks: dtype, revision,
+    attention implementation (`training_args.model_init_kwargs`, the user's own keys kept)."""
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": model_args.dtype,
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }

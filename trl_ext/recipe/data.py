@@ -9,6 +9,8 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
+from ..data import graded_arithmetic
+from ..data.graded_arithmetic import ANSWER_FORMAT
 from ..rewards.functions import is_missing
 from .cli import RecipeScriptArguments
 
@@ -206,3 +208,18 @@ def heldout_split(evaluation, training_args):
             "dataset of at least 5 rows per held-out row, or a --dataset_test_split), or --eval_strategy no."
         )
     return evaluation
+
+
+def datasets_for(script_args, training_args):
+    """`(train, evaluation)`: the given dataset (`--dataset_name`/`--dataset_path`), else the built-in graded
+    arithmetic, the held-out questions from another seed than the training ones."""
+    system_prompt = script_args.system_prompt or ANSWER_FORMAT
+    train, evaluation = load_recipe_dataset(script_args, system_prompt)
+    if train is None:
+        train = graded_arithmetic(
+            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
+        )
+        evaluation = graded_arithmetic(
+            script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
+        )
+    return train, evaluation

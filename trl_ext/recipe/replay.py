@@ -8,12 +8,10 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from trl import get_peft_config
 
-from ..data import graded_arithmetic
-from ..data.graded_arithmetic import ANSWER_FORMAT
 from ..rewards import make_accuracy_reward, make_format_reward
 from ..trainers import ReplayGRPOTrainer
-from .cli import RecipeScriptArguments, resolve_model
-from .data import heldout_split, load_recipe_dataset
+from .cli import RecipeScriptArguments, load_models_as, resolve_model
+from .data import datasets_for, heldout_split
 from .outputs import plot_heldout_curves, plot_learning_curves, save_final_model, write_json, write_model_card
 
 
@@ -80,22 +78,8 @@ def main(script_args, training_args, model_args):
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
-    system_prompt = script_args.system_prompt or ANSWER_FORMAT
-    train, evaluation = load_recipe_dataset(script_args, system_prompt)
-    if train is None:
-        train = graded_arithmetic(
-            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
-        )
-        evaluation = graded_arithmetic(
-            script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
-        )
-
-    training_args.model_init_kwargs = {
-        **(training_args.model_init_kwargs or {}),
-        "dtype": model_args.dtype,
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-    }
+    train, evaluation = datasets_for(script_args, training_args)
+    load_models_as(model_args, training_args)
     if training_args.reward_weights is None:
         training_args.reward_weights = [1.0, script_args.format_weight]
     trainer = ReplayGRPOTrainer(

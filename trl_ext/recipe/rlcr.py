@@ -11,15 +11,13 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import get_peft_config
 
-from ..data import graded_arithmetic
-from ..data.graded_arithmetic import ANSWER_FORMAT
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing
 from ..trainers import RLCRMultiTurnTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, _flag_names, resolve_model
-from .data import heldout_split, load_recipe_dataset
+from .cli import FormatWarmupArguments, RecipeScriptArguments, _flag_names, load_models_as, resolve_model
+from .data import datasets_for, heldout_split
 from .outputs import (
     parameters_sharded,
     plot_heldout_curves,
@@ -77,20 +75,6 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."
         },
     )
-
-
-def datasets_for(script_args, training_args):
-    """`(train, evaluation)`: the given dataset, else the built-in graded arithmetic (disjoint seeds)."""
-    system_prompt = script_args.system_prompt or ANSWER_FORMAT
-    train, evaluation = load_recipe_dataset(script_args, system_prompt)
-    if train is None:
-        train = graded_arithmetic(
-            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
-        )
-        evaluation = graded_arithmetic(
-            script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
-        )
-    return train, evaluation
 
 
 # What a reported evaluation depends on beyond the model: written to `evaluation_settings.json` with the model, and
@@ -267,12 +251,7 @@ def main(script_args, training_args, model_args):
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     train, evaluation = datasets_for(script_args, training_args)
     dtype = model_args.dtype
-    training_args.model_init_kwargs = {
-        **(training_args.model_init_kwargs or {}),
-        "dtype": dtype,
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-    }
+    load_models_as(model_args, training_args)
 
     if script_args.eval_only:
         eval_only(model_path, evaluation, tokenizer, script_args, training_args)
