@@ -40,7 +40,7 @@ VARIANTS = {
     "lora_lr5e-4": [*_LORA, "--learning_rate", "5e-4"],
     "lora_lr1e-3_beta0": [*_LORA, "--learning_rate", "1e-3", "--beta", "0"],
     "gc4": ["--num_generations_confidence", "4"],
-    "ga4": ["--num_generations", "4", "--per_device_train_batch_size", "32"],
+    "ga4": ["--num_generations", "4", "--per_device_train_batch_size", "16"],  # x 2 micro-batches: 8 prompts
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],

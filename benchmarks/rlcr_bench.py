@@ -251,7 +251,7 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     train = train.select(range(n, len(train)))
     single_train, single_eval = (with_system_prompt(d, single_turn_prompt) for d in (train, evaluation))
     g_c = base_args.num_generations_confidence
-    answers = base_args.per_device_train_batch_size
+    answers = base_args.per_device_train_batch_size * base_args.gradient_accumulation_steps  # per step
     # Equal generated tokens: multi-turn samples `answers` answers and `answers * g_c` confidences of about the same
     # length per step; a single-turn reply holds both, so single-turn gets (1 + g_c) / 2 times as many replies.
     single_rows = answers * (1 + g_c) // 2

@@ -78,6 +78,18 @@ def test_graded_arithmetic_is_deterministic_and_graded():
         assert str(eval(expression)) == row["solution"]  # test-only check of the generator's arithmetic
 
 
+def test_builtin_data_has_disjoint_seeds_and_no_heldout_set_when_asked_for_none():
+    from types import SimpleNamespace
+
+    from trl_ext.recipe.data import datasets_for
+
+    settings = SimpleNamespace(seed=7)
+    train, evaluation = datasets_for(RLCRScriptArguments(num_train_samples=20, num_eval_samples=5), settings)
+    assert len(train) == 20 and len(evaluation) == 5 and train[0] != evaluation[0]
+    train, evaluation = datasets_for(RLCRScriptArguments(num_train_samples=20, num_eval_samples=0), settings)
+    assert len(train) == 20 and evaluation is None  # not an empty set the evaluation would trip over
+
+
 def test_plots_and_json(tmp_path):
     log = [{"step": 1, "answer/accuracy": 0.5}, {"step": 2, "answer/accuracy": 0.75}, {"step": 2, "loss": 1.0}]
     png = plot_learning_curves(log, ["answer/accuracy", "calibration/ece"], tmp_path / "c.png", "t")

@@ -212,14 +212,16 @@ def heldout_split(evaluation, training_args):
 
 def datasets_for(script_args, training_args):
     """`(train, evaluation)`: the given dataset (`--dataset_name`/`--dataset_path`), else the built-in graded
-    arithmetic, the held-out questions from another seed than the training ones."""
+    arithmetic, the held-out questions from another seed than the training ones (none with `--num_eval_samples 0`)."""
     system_prompt = script_args.system_prompt or ANSWER_FORMAT
     train, evaluation = load_recipe_dataset(script_args, system_prompt)
     if train is None:
         train = graded_arithmetic(
             script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
         )
-        evaluation = graded_arithmetic(
-            script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
-        )
+        evaluation = None  # --num_eval_samples 0: no held-out evaluation
+        if script_args.num_eval_samples:
+            evaluation = graded_arithmetic(
+                script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
+            )
     return train, evaluation
