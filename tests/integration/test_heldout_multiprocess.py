@@ -1,5 +1,5 @@
 """Two processes report the held-out metrics of one (tests/scripts/heldout_ranks.py): RLCR greedy (answers, then
-the confidence turn) and Replay sampled (two samples per question), five questions, so that the two ranks' shares are
+the confidence turn), Replay sampled (two samples per question) and Absolute Zero's solver (per level), five questions, so that the two ranks' shares are
 padded and answered in chunks. Scripted answers must give the single process's metrics on both ranks; the tiny
 model's real answers must give the same metrics on both ranks (and not hang)."""
 
@@ -12,7 +12,7 @@ from trl_ext.testing import run_torchrun
 
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "heldout_ranks.py"
-TRAINERS = ["rlcr", "replay"]
+TRAINERS = ["rlcr", "replay", "absolute_zero"]
 
 
 def same(a, b):
@@ -34,6 +34,10 @@ def test_two_processes_report_the_metrics_of_one():
     # Replay: sample 0 as RLCR's, sample 1 flipped; 7+1 has no gold answer (unscored)
     assert single["replay"]["scripted"]["eval_mean@2"] == pytest.approx(0.5)
     assert single["replay"]["scripted"]["eval_pass@2"] == pytest.approx(1.0)
+    # Absolute Zero: 15 right, 104 wrong, 40 right, 32 unparsable, 1+1 without gold (unscored)
+    solver = single["absolute_zero"]["scripted"]
+    assert solver["eval_accuracy"] == pytest.approx(0.5) and solver["eval_num_unscored"] == 1
+    assert solver["eval_accuracy/level_1"] == pytest.approx(0.5) and solver["eval_accuracy/level_3"] == 1.0
     for name in TRAINERS:
         assert single[name]["world_size"] == 1 and [r[name]["world_size"] for r in ranks] == [2, 2]
         for rank in ranks:
@@ -44,3 +48,4 @@ def test_two_processes_report_the_metrics_of_one():
     # the same generation calls with the same row counts on both ranks: a share of 3 questions in chunks of 2 and 1
     assert ranks[0]["rlcr"]["calls"] == ranks[1]["rlcr"]["calls"] == [[2, 1], [2, 1], [1, 1], [1, 1]]
     assert ranks[0]["replay"]["calls"] == ranks[1]["replay"]["calls"] == [[4, 2], [2, 2]]
+    assert ranks[0]["absolute_zero"]["calls"] == ranks[1]["absolute_zero"]["calls"] == [[2, 1], [1, 1]]

@@ -1,7 +1,8 @@
 """Runs under torchrun: each trainer's held-out evaluation (`trainer.evaluate()`), scripted and real; reports per rank
 the metrics and the generation calls this rank made.
 
-Usage: heldout_ranks.py TRAINER [TRAINER ...], each `rlcr` or `replay`. Five questions: with two processes each
+Usage: heldout_ranks.py TRAINER [TRAINER ...], each `rlcr`, `replay` or `absolute_zero` (the arithmetic family's
+solver on five of its held-out questions, one without gold, scored per level). Five questions: with two processes each
 answers an equal share of three, rank 1's last one a padding copy whose results are dropped; with
 `per_device_eval_batch_size=2` a share is answered in two chunks. The scripted answers depend on the question and the
 sample index only, so one process and two must report the same metrics. The real evaluation (the tiny model's greedy
@@ -13,8 +14,17 @@ import tempfile
 
 from datasets import Dataset
 
+from trl_ext.self_play import arithmetic_task
+from trl_ext.self_play.arithmetic import heldout_questions
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm, write_rank_result
-from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer, RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from trl_ext.trainers import (
+    AbsoluteZeroConfig,
+    AbsoluteZeroTrainer,
+    ReplayGRPOConfig,
+    ReplayGRPOTrainer,
+    RLCRMultiTurnConfig,
+    RLCRMultiTurnTrainer,
+)
 
 
 CONFIDENCE_PROMPT = "Confidence? Reply <confidence>p</confidence>."
@@ -97,12 +107,51 @@ def replay_trainer(**overrides):
     return trainer, replay_script
 
 
+# golds 15, 104, 40, 32 (levels 1, 2, 3, 1), then one without gold
+SOLVER_QUESTIONS = [
+    *heldout_questions(4, 0),
+    {"question": "What is 1 + 1?", "expression": "1 + 1", "solution": None, "level": 2},
+]
+SOLVER_REPLIES = {"15": "<answer>15</answer>", "104": "<answer>100</answer>", "40": "<answer>40</answer>"}
+
+
+def solver_script(prompt_text, k):
+    question = next(q for q in SOLVER_QUESTIONS if q["expression"] in prompt_text)
+    return SOLVER_REPLIES.get(question["solution"], "no idea")
+
+
+def absolute_zero_trainer(**overrides):
+    task = arithmetic_task()
+    args = cpu_test_args(
+        tempfile.mkdtemp(),
+        AbsoluteZeroConfig,
+        num_generations=2,
+        max_completion_length=12,
+        per_device_eval_batch_size=2,
+        reward_weights=[1.0, 0.5],
+        **overrides,
+    )
+    model, tokenizer = tiny_causal_lm()
+    seeds = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in "AB"])
+    trainer = AbsoluteZeroTrainer(
+        model,
+        task.reward_funcs,
+        args=args,
+        train_dataset=seeds,
+        heldout_questions=SOLVER_QUESTIONS,
+        processing_class=tokenizer,
+        parse_question=task.parse_question,
+        solver_prompt_fn=task.solver_prompt_fn,
+    )
+    return trainer, solver_script
+
+
 def numbers(metrics):
     return {key: value for key, value in metrics.items() if key != "eval_seconds"}
 
 
 def run(name):
-    trainer, script = {"rlcr": rlcr_trainer, "replay": replay_trainer}[name]()
+    trainer, script = {"rlcr": rlcr_trainer, "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]()
     with ScriptedGeneration(trainer, script) as generation:
         scripted = trainer.evaluate()
     real = trainer.evaluate()  # the tiny model's own answers (sampled for replay, seeded)
