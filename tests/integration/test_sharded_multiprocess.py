@@ -72,10 +72,12 @@ def test_without_gradient_sync_the_steps_differ(one_process, two_processes, back
 
 
 @pytest.mark.multiprocess
-def test_heldout_evaluation_under_zero3_agrees_on_every_process():
-    """`evaluate()` after ZeRO-3 training: the model's own greedy answers (generation gathers the partitioned
+@pytest.mark.parametrize("backend", ["zero3", "fsdp2"])
+def test_heldout_evaluation_under_sharding_agrees_on_every_process(backend):
+    """`evaluate()` after ZeRO-3 or FSDP2 training: the model's own greedy answers (generation gathers the sharded
     parameters, a collective) on shares of two questions, rank 1's padded; no hang, the same metrics everywhere."""
-    ranks = [result["rlcr:zero3:eval"] for result in run_torchrun(SCRIPT, nproc=2, args=["rlcr:zero3:eval"])]
-    assert [r["engine"] for r in ranks] == ["DeepSpeedEngine"] * 2
+    config = f"rlcr:{backend}:eval"
+    ranks = [result[config] for result in run_torchrun(SCRIPT, nproc=2, args=[config])]
+    assert [r["engine"] for r in ranks] == [ENGINES[backend]] * 2
     assert ranks[1]["eval"] == pytest.approx(ranks[0]["eval"], rel=0, abs=0, nan_ok=True)
     assert ranks[0]["eval"]["eval_num_questions"] == 3 and ranks[0]["eval"]["eval_num_samples"] == 3
