@@ -87,10 +87,17 @@ def score_replies(
         completion_ids=None if completion_ids is None else list(completion_ids),
         **columns,
     )
+    require_scores(family, questions, scores)
+    return [float(score) for score in scores]
+
+
+def require_scores(family: TaskFamily, questions: Sequence[dict[str, Any]], scores: Sequence[float | None]) -> None:
+    """A held-out question must be scorable: raise, naming it, where the family's first reward gave `None`."""
     for question, score in zip(questions, scores, strict=True):
         if score is None:
-            raise ValueError(f"{reward.__name__} cannot score the held-out question {question} (no gold answer?).")
-    return [float(score) for score in scores]
+            raise ValueError(
+                f"{family.reward_funcs[0].__name__} cannot score the held-out question {question} (no gold answer?)."
+            )
 
 
 def reply_message(tokenizer, completion_ids: list[int], prompt_ids: list[int]) -> dict[str, Any]:
@@ -148,16 +155,11 @@ def evaluate_solver(
 
 
 def solver_evaluation(
-    family: TaskFamily, questions: Sequence[dict[str, Any]], scores: Sequence[float | None], replies: Sequence[str]
+    family: TaskFamily, questions: Sequence[dict[str, Any]], scores: Sequence[float], replies: Sequence[str]
 ) -> SolverEvaluation:
     """The report of scored replies, `scores[i]` and `replies[i]` for `questions[i]` (a question repeated for each of
-    its samples): this function's greedy replies, or the records of the trainer's held-out evaluation
-    (`trainer.evaluate()`). A held-out question must be scorable: a `None` score raises."""
-    for question, score in zip(questions, scores, strict=True):
-        if score is None:
-            raise ValueError(
-                f"{family.reward_funcs[0].__name__} cannot score the held-out question {question} (no gold answer?)."
-            )
+    its samples): `evaluate_solver`'s greedy replies, or the records of the trainer's held-out evaluation
+    (`trainer.evaluate()`), each checked by its source (`score_replies`, `require_scores`)."""
     groups = [question.get(family.heldout_breakdown) if family.heldout_breakdown else None for question in questions]
     accuracy, by_group, counts = accuracy_breakdown(scores, groups)
     rows = [

@@ -274,7 +274,7 @@ def main(script_args, training_args, model_args):
     )
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
     # model is then evaluated after training only.
-    history = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
+    before_log = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
     if evaluation is not None and not parameters_sharded(trainer):
         clock = time.monotonic()
         if "warmup" in report and trainer.accelerator.is_main_process:
@@ -286,7 +286,7 @@ def main(script_args, training_args, model_args):
             write_evaluation(report["base"], output_dir, "base")
             del base
         report["before"] = heldout_evaluation(trainer, evaluation, "before", script_args.rlcr_paper_metrics)
-        history = [trainer.state.log_history[-1]]
+        before_log = [trainer.state.log_history[-1]]
         seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
 
@@ -294,15 +294,13 @@ def main(script_args, training_args, model_args):
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     seconds["RL training"] = time.monotonic() - clock
     save_final_model(trainer, training_args.output_dir)
-    history += trainer.state.log_history
 
     if evaluation is not None:
         clock = time.monotonic()
         reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
         report["after"] = heldout_evaluation(trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse)
-        if not reuse:
-            history.append(trainer.state.log_history[-1])
         seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
+    history = before_log + trainer.state.log_history
     if trainer.accelerator.is_main_process:
         if "before" in report and "after" in report:
             plot_reliability_diagrams(

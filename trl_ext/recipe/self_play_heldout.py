@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..evaluation.solver import solver_evaluation
+from ..evaluation.solver import require_scores, solver_evaluation
 from .outputs import write_json
 
 
@@ -33,7 +33,9 @@ def evaluate_heldout(trainer, task, questions, name, reuse_last=False):
     k = trainer.args.eval_num_samples
     records = trainer.heldout_records
     samples = [question for question in questions for _ in range(k)]
-    result = solver_evaluation(task, samples, [r["score"] for r in records], [r["reply"] for r in records])
+    scores = [r["score"] for r in records]
+    require_scores(task, samples, scores)
+    result = solver_evaluation(task, samples, scores, [r["reply"] for r in records])
     if trainer.accelerator.is_main_process:
         path = Path(trainer.args.output_dir) / f"heldout_{name}.json"
         write_json(path, {**result.to_dict(), "rows": result.rows})
