@@ -34,6 +34,11 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             Weight of the answer-row advantages.
         lambda_conf (`float`, *optional*, defaults to `1.0`):
             Weight of the confidence-row advantages.
+        confidence_beta (`float`, *optional*):
+            KL coefficient of the confidence rows; `None` uses `beta`, which then applies to the answer rows either
+            way. A KL anchor on the answers alone (`confidence_beta=0`) holds the answers near the reference while the
+            confidence turn's updates, through the weights both turns share, would move them, and leaves the stated
+            confidence free to move. Needs `beta > 0`: TRL loads the reference model only then.
         accuracy_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the built-in accuracy reward in the answer reward. `reward_weights`, as in TRL, has one weight
             per reward function passed to the trainer; the accuracy reward, which the trainer adds, takes this one.
@@ -92,6 +97,10 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     )
     lambda_ans: float = field(default=1.0, metadata={"help": "Weight of the answer-row advantages."})
     lambda_conf: float = field(default=1.0, metadata={"help": "Weight of the confidence-row advantages."})
+    confidence_beta: float | None = field(
+        default=None,
+        metadata={"help": "KL coefficient of the confidence rows (None: beta, which applies to the answer rows)."},
+    )
     accuracy_weight: float = field(
         default=1.0,
         metadata={"help": "Weight of the built-in accuracy reward (reward_weights: one per reward function passed)."},
@@ -162,6 +171,14 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):
                 raise ValueError(f"{name} must be a finite, non-negative weight (got {value}).")
+        if self.confidence_beta is not None:
+            if not (self.confidence_beta >= 0 and math.isfinite(self.confidence_beta)):
+                raise ValueError(f"confidence_beta must be finite and non-negative (got {self.confidence_beta}).")
+            if self.beta == 0 and self.confidence_beta != 0:
+                raise ValueError(
+                    f"confidence_beta={self.confidence_beta} needs beta > 0: TRL loads the reference model only when "
+                    "beta is not 0. Set beta (the answer rows' KL coefficient) too."
+                )
         if not math.isfinite(self.accuracy_weight):
             raise ValueError(f"accuracy_weight must be finite (got {self.accuracy_weight}).")
         if self.confidence_normalization not in ("answer", "answer_then_prompt"):

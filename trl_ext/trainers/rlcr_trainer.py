@@ -49,7 +49,7 @@ from .init_checks import check_conversational_prompts, check_datasets, checked_a
 from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
-from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
+from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
 
@@ -223,7 +223,11 @@ class RLCRMultiTurnTrainer(
     def _compute_loss(self, model, inputs):
         # lets the forward pass below pack families, or pad each row kind on its own
         rows = ForwardRows(inputs.get(KIND_KEY), inputs.get(FAMILY_KEY) if self._share_prefix else None)
-        with scoped_call(self, _forward_rows=rows):
+        beta = {}
+        if self.args.confidence_beta is not None and self.beta != 0.0 and rows.kinds is not None:
+            is_confidence = rows.kinds == CONFIDENCE
+            beta["beta"] = RowBeta(self.beta, torch.where(is_confidence, self.args.confidence_beta, self.beta))
+        with scoped_call(self, _forward_rows=rows, **beta):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(

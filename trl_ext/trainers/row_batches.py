@@ -40,3 +40,23 @@ def concat_row_kinds(batches: dict[int, dict], pad_token_id: int, accelerator) -
     loss_mask = batch["completion_mask"] * batch["tool_mask"]
     batch["num_items_in_batch"] = accelerator.gather(loss_mask.sum()).sum()
     return batch
+
+
+class RowBeta(float):
+    """A KL coefficient per row, for the one place TRL's loss multiplies it by the per-token KL.
+
+    `GRPOTrainer._compute_loss` tests `self.beta != 0.0` and adds `self.beta * per_token_kl`; scoped as `self.beta`
+    for that call, this object passes the test as the float `value` (non-zero) and multiplies a `(B, T)` tensor row by
+    row with `per_row` `(B,)`. Everywhere else it is that float."""
+
+    def __new__(cls, value: float, per_row: torch.Tensor):
+        beta = super().__new__(cls, value)
+        beta.per_row = per_row
+        return beta
+
+    def __mul__(self, other):
+        if isinstance(other, torch.Tensor):
+            return self.per_row.to(other.device, other.dtype).view(-1, *([1] * (other.dim() - 1))) * other
+        return float(self) * other
+
+    __rmul__ = __mul__

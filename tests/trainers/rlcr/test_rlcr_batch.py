@@ -350,3 +350,40 @@ def test_confidence_turn_old_and_ref_logprobs_are_scored_packed(tmp_path):
     assert [shape[0] for shape in packed_calls[True]["ref"]] == [2, 2]
     assert [shape[0] for shape in packed_calls[True]["policy"]] == [2, 2, 4]
     assert packed_calls[False] == {"policy": [], "ref": []}
+
+
+def test_confidence_beta_weights_the_kl_of_the_confidence_rows(step, tmp_path):
+    """`confidence_beta` is the confidence rows' KL coefficient and `beta` the answer rows': with 0, the loss is TRL's
+    with those rows' KL exactly 0 (reference log-probs equal to the policy's), and the answer rows keep theirs."""
+    from trl import GRPOTrainer
+
+    _, _, batch, _ = step
+    inputs = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    mask = inputs["completion_mask"]
+    checkpoint = str(tiny_checkpoint(tmp_path / "model", initializer_range=0.5))  # beta > 0 loads the reference
+
+    def loss(confidence_beta, ref=None):
+        trainer = make_trainer(tmp_path, model=checkpoint, beta=0.1, confidence_beta=confidence_beta)
+        trainer.current_gradient_accumulation_steps = 1
+        if ref is None:
+            return trainer._compute_loss(trainer.model, inputs).item()
+        return GRPOTrainer._compute_loss(trainer, trainer.model, {**inputs, "ref_per_token_logps": ref}).item()
+
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], mask], dim=1)
+        trainer = make_trainer(tmp_path, model=checkpoint)
+        policy, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, ids, attention, mask.size(1)
+        )
+    noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
+    inputs["ref_per_token_logps"] = policy + 0.5 * noise  # a reference the policy has drifted from
+    confidence_rows = (inputs["row_kind"] == 1).unsqueeze(1)
+    answers_anchored = torch.where(confidence_rows, policy, inputs["ref_per_token_logps"])
+
+    uniform = loss(None)
+    assert loss(0.1) == pytest.approx(uniform, abs=1e-6)
+    assert loss(0.0) == pytest.approx(loss(None, ref=answers_anchored), abs=1e-5)
+    assert abs(loss(0.0) - uniform) > 1e-3 and abs(loss(0.0) - loss(None, ref=policy)) > 1e-3
+    # the KL term is linear in each coefficient
+    assert loss(0.2) - loss(0.1) == pytest.approx(loss(0.1) - loss(0.0), abs=1e-5)

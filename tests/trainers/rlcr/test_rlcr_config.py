@@ -113,3 +113,15 @@ def test_reward_weights_counting_accuracy_is_a_clear_error(tmp_path):
 def test_accuracy_weight_must_be_finite(tmp_path):
     with pytest.raises(ValueError, match="accuracy_weight must be finite"):
         config(tmp_path, accuracy_weight=float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"beta": 0.0, "confidence_beta": 0.1}, "needs beta > 0"),
+        ({"beta": 0.1, "confidence_beta": -1.0}, "confidence_beta must be finite"),
+    ],
+)
+def test_confidence_beta_is_checked(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        cpu_test_args(tmp_path, RLCRMultiTurnConfig, **overrides)
