@@ -177,3 +177,18 @@ def test_two_racing_processes_build_once(tmp_path):
     assert paths[0] == paths[1]
     assert log.read_text() == "built\n"
     assert not list(cache.glob(".building-*"))
+
+
+def test_uniform_warmup_confidences_spread_over_the_whole_range():
+    """`confidence_draw="uniform"`: every tenth about equally often (not mostly high), still independent of the rows."""
+    many = [dict(ROWS[i % 2], solution=str(i)) for i in range(1000)]
+    draws = [_confidence(e) for e in rlcr_format_examples(many, CONF, seed=0, confidence_draw="uniform")[1::2]]
+    counts = [draws.count(value) for value in WARMUP_CONFIDENCES]
+    assert min(counts) > 60 and max(counts) < 140  # 100 expected each
+    assert abs(sum(draws) / len(draws) - 0.55) < 0.03
+    other = [dict(ROWS[(i + 1) % 2], solution=str(7 * i)) for i in range(1000)]
+    assert draws == [
+        _confidence(e) for e in rlcr_format_examples(other, CONF, seed=0, confidence_draw="uniform")[1::2]
+    ]
+    with pytest.raises(ValueError, match="confidence_draw"):
+        rlcr_format_examples(many, CONF, confidence_draw="high")

@@ -28,10 +28,11 @@ from .cache import build_once, cache_root
 
 # Bump when the build below changes, so stale warm-ups are rebuilt instead of reused.
 _BUILD_FORMAT = 1
-# Stated confidences of the warm-up examples: every tenth, weighted by its value (mostly high, sometimes low), as
-# instruction-tuned models state confidence; the weights never depend on the question or the answer.
+# Stated confidences of the warm-up examples: every tenth, drawn by one of these weightings, which never depend on
+# the question or the answer. "weighted": by its value (mostly high, sometimes low), as instruction-tuned models state
+# confidence; "uniform": each equally likely, so RL starts from spread confidences rather than a habit.
 WARMUP_CONFIDENCES = tuple(round(0.1 * k, 1) for k in range(1, 11))
-WARMUP_CONFIDENCE_WEIGHTS = WARMUP_CONFIDENCES
+WARMUP_CONFIDENCE_WEIGHTS = {"weighted": WARMUP_CONFIDENCES, "uniform": (1.0,) * len(WARMUP_CONFIDENCES)}
 
 
 def rlcr_format_examples(
@@ -42,20 +43,26 @@ def rlcr_format_examples(
     answer_tag: str = "answer",
     confidence_tag: str = "confidence",
     single_turn_system_prompt: str | None = None,
+    confidence_draw: str = "weighted",
 ) -> list[dict]:
     """SFT examples (conversational `prompt` / `completion`) teaching RLCR's two-turn format on `rows`.
 
     Each row (a conversational `prompt` and its gold `solution`) gives two examples: the answer turn, completed by
     `<answer>solution</answer>`, and the confidence turn (the prompt, that answer as the assistant message, then
     `confidence_prompt`), completed by `<confidence>c</confidence>` with `c` drawn from `WARMUP_CONFIDENCES` by
-    `WARMUP_CONFIDENCE_WEIGHTS` (seeded, independent of the row). With `single_turn_system_prompt`, each row also
+    `WARMUP_CONFIDENCE_WEIGHTS[confidence_draw]` (seeded, independent of the row). With `single_turn_system_prompt`, each row also
     gives a single-turn example: the prompt under that system message, completed by the answer and the confidence
     in one reply (single-turn RLCR's format), with the same kind of draw.
     """
+    if confidence_draw not in WARMUP_CONFIDENCE_WEIGHTS:
+        raise ValueError(
+            f"confidence_draw must be one of {list(WARMUP_CONFIDENCE_WEIGHTS)} (got {confidence_draw!r})."
+        )
+    weights = WARMUP_CONFIDENCE_WEIGHTS[confidence_draw]
     rng = random.Random(seed)
 
     def draw() -> str:
-        value = rng.choices(WARMUP_CONFIDENCES, weights=WARMUP_CONFIDENCE_WEIGHTS)[0]
+        value = rng.choices(WARMUP_CONFIDENCES, weights=weights)[0]
         return f"<{confidence_tag}>{value:g}</{confidence_tag}>"
 
     examples = []

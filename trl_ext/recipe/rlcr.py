@@ -63,8 +63,19 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             after it, with stated confidences drawn at random, independently of the question (see
             [`~trl_ext.models.warmup`]), two examples per row. Built once per distinct inputs and cached like the embedded
             default. 0 skips it.
+        warmup_confidences (`str`, *optional*, defaults to `"weighted"`):
+            How the warm-up's stated confidences are drawn (never from the question): `"weighted"`, mostly high as
+            instruction-tuned models state confidence; `"uniform"`, every tenth equally likely, so that RL starts
+            from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit.
     """
 
+    warmup_confidences: str = field(
+        default="weighted",
+        metadata={
+            "help": "Draw of the warm-up's stated confidences: 'weighted' (mostly high) or 'uniform'.",
+            "choices": ["weighted", "uniform"],
+        },
+    )
     eval_only: bool = field(
         default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."}
     )
@@ -210,6 +221,7 @@ def warm_up(model_path, train, script_args, training_args):
         seed=training_args.seed,
         answer_tag=training_args.answer_tag,
         confidence_tag=training_args.confidence_tag,
+        confidence_draw=script_args.warmup_confidences,
     )
     path, seconds = script_args.build_warmup(model_path, examples, training_args)
     return (
