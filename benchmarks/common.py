@@ -24,10 +24,28 @@ ROOT = Path(__file__).resolve().parent.parent
 RLCR_CPU_CONFIG = ROOT / "recipes" / "configs" / "rlcr_smollm2_cpu.yaml"  # the RLCR recipe's embedded default
 
 
+def on_cuda() -> bool:
+    """Whether the benchmarks run on a CUDA GPU (then in bf16 with SDPA attention) rather than on CPU in float32."""
+    return torch.cuda.is_available()
+
+
+def device_args() -> dict:
+    """Training-argument overrides for the machine: none on CPU (the test helpers' float32 CPU settings); on CUDA, the
+    GPU with bf16 autocast."""
+    return dict(use_cpu=False, bf16=True) if on_cuda() else {}
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if on_cuda() else "CPU"
+
+
 def load_model(path=None):
-    """A checkpoint (default: the embedded SmolLM2-135M-Instruct), float32, with its tokenizer."""
+    """A checkpoint (default: the embedded SmolLM2-135M-Instruct) with its tokenizer: float32 on CPU, bfloat16 with
+    SDPA attention on CUDA."""
     path = path or default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path, dtype="float32"), AutoTokenizer.from_pretrained(path)
+    dtype = torch.bfloat16 if on_cuda() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return model, AutoTokenizer.from_pretrained(path)
 
 
 def rlcr_cpu_run():
@@ -100,6 +118,8 @@ class _Rotation:
         self.rng = {}
 
     def _pass_on(self, index):
+        if torch.cuda.is_available():  # the step's kernels finish inside its own turn
+            torch.cuda.synchronize()
         self.rng[index] = (torch.get_rng_state(), np.random.get_state(), random.getstate())
         self.holder = None
         position = self.active.index(index)

@@ -2,7 +2,7 @@
 tokens, with where it goes; and the peak of each CPU recipe run. Plain GRPO runs with the trainers' CPU log-prob tile
 (`cpu_logprob_tile_tokens`), so a pair differs only in its algorithm.
 
-    python benchmarks/memory_bench.py steps                  # embedded default, float32 (CPU, or CUDA when present)
+    python benchmarks/memory_bench.py steps                  # embedded default: CPU float32, CUDA bf16 + SDPA
     python benchmarks/memory_bench.py steps --model tiny     # a tiny random model: the plumbing's own cost
     python benchmarks/memory_bench.py configs                # each recipes/configs/*_cpu.yaml run, whole
     python benchmarks/memory_bench.py configs --max_steps 2 --only absolute_zero_code_smollm2_cpu
@@ -107,7 +107,7 @@ class PhaseSampler:
 
 def build(name: str, model_kind: str):
     """`(trainer, script)` for one configuration; see the module docstring for how pairs match."""
-    from common import fixed_length, load_model
+    from common import device_args, fixed_length, load_model
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -124,9 +124,9 @@ def build(name: str, model_kind: str):
 
     model, tok = tiny_causal_lm() if model_kind == "tiny" else load_model()
     length, short, g = 64, 16, 4
-    common = dict(max_steps=3, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False)
-    if model_kind != "tiny":
-        common["bf16"] = False
+    common = dict(
+        max_steps=3, learning_rate=1e-6, activation_checkpointing=False, shuffle_dataset=False, **device_args()
+    )
     long_text, short_text = fixed_length(tok, "<answer>7</answer>", length), fixed_length(tok, "0.7", short)
     data = graded_arithmetic(64, seed=0)
 
@@ -259,10 +259,16 @@ def steps(model_kind: str, repeats: int, only: list[str] | None) -> dict:
             peak = statistics.median(r["peak_mb"] for r in runs[trainer])
             base = statistics.median(r["peak_mb"] for r in runs[grpo])
             summary[trainer] = {"peak_mb": peak, "grpo_peak_mb": base, "ratio": peak / base}
-    import torch
+    from common import device_name, on_cuda
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return {"model": model_kind, "device": device, "repeats": repeats, "summary": summary, "runs": runs}
+    return {
+        "model": model_kind,
+        "device": "cuda" if on_cuda() else "cpu",
+        "device_name": device_name(),
+        "repeats": repeats,
+        "summary": summary,
+        "runs": runs,
+    }
 
 
 def configs(max_steps: int | None, only: list[str] | None) -> dict:
@@ -323,7 +329,8 @@ def plot_steps(result: dict, path: Path) -> None:
         ax.bar([x + i * width for x in range(len(phases))], values, width, label=name)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(phases))], phases, rotation=20)
     ax.set_ylabel("peak memory in the phase (MB)")
-    ax.set_title(f"Peak memory per phase, {result['model']} model on {result['device']} (each trainer vs GRPO)")
+    device = result.get("device_name", result["device"])
+    ax.set_title(f"Peak memory per phase, {result['model']} model on {device} (each trainer vs GRPO)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -34,10 +34,13 @@ from pathlib import Path
 
 import torch
 from common import (
+    device_args,
+    device_name,
     fixed_length,
     interleaved_step_times,
     load_model,
     machine_load,
+    on_cuda,
     plot_step_times,
     rlcr_cpu_run,
     summarize,
@@ -80,6 +83,7 @@ def overhead(steps: int) -> dict:
         activation_checkpointing=False,
         shuffle_dataset=False,
         max_completion_length=answer_len,
+        **device_args(),
     )
     runs = {}
 
@@ -126,7 +130,9 @@ def overhead(steps: int) -> dict:
     load_before = machine_load()
     times = interleaved_step_times(runs)
     return {
-        "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU",
+        "model": "SmolLM2-135M-Instruct (embedded default), "
+        + ("bfloat16, SDPA, " if on_cuda() else "float32, ")
+        + device_name(),
         "rows_per_step": g_a * (1 + g_c),
         "generated_tokens_per_step": g_a * answer_len + g_a * g_c * confidence_len,
         "measured_steps": steps,
@@ -423,11 +429,13 @@ def main(argv=None):
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps or 4)
-        plot_overhead(result, RESULTS / "rlcr_overhead.png")
+        name = "overhead_cuda" if on_cuda() else "overhead"  # CPU and GPU figures side by side
+        plot_overhead(result, RESULTS / f"rlcr_{name}.png")
+        write_json(RESULTS / f"rlcr_{name}.json", result)
     else:
         result = calibration(args.steps, args.seeds, args.evaluate_every)
         plot_calibration(result, RESULTS / "rlcr_calibration.png")
-    write_json(RESULTS / f"rlcr_{args.part}.json", result)
+        write_json(RESULTS / "rlcr_calibration.json", result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("curves", "runs")}, indent=2))
 
 
