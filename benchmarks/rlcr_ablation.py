@@ -4,6 +4,7 @@ held-out greedy evaluation before and after RL.
     python benchmarks/rlcr_ablation.py                                # every variant, one at a time (CPU: ~10 min each)
     python benchmarks/rlcr_ablation.py --parallel 16 --tag h200 -- --use_cpu false   # all at once on one GPU
     python benchmarks/rlcr_ablation.py --only base,gc4 -- --max_steps 48 --num_eval_samples 100
+    python benchmarks/rlcr_ablation.py --only base,kl_answers0.5 --seeds 42,1   # each variant once per seed
 
 Arguments after `--` go to every run (they override the recipe's YAML). Results: benchmarks/results/
 rlcr_ablation_<tag>.json (per variant: its flags, before/after accuracy, ECE, Brier, AUROC, mean confidence,
@@ -41,21 +42,51 @@ VARIANTS = {
     "lora_lr1e-3_beta0": [*_LORA, "--learning_rate", "1e-3", "--beta", "0"],
     "gc4": ["--num_generations_confidence", "4"],
     "ga4": ["--num_generations", "4", "--per_device_train_batch_size", "16"],  # x 2 micro-batches: 8 prompts
+    # a KL anchor on the answer rows only (`confidence_beta 0`): the answers held, the confidences free
+    "kl_answers0.2": ["--beta", "0.2", "--confidence_beta", "0"],
+    "kl_answers0.5": ["--beta", "0.5", "--confidence_beta", "0"],
+    "kl_answers1": ["--beta", "1", "--confidence_beta", "0"],
+    "kl_answers0.5_gc4": ["--beta", "0.5", "--confidence_beta", "0", "--num_generations_confidence", "4"],
+    "kl_answers0.5_lans0": ["--beta", "0.5", "--confidence_beta", "0", "--lambda_ans", "0"],
+    "kl_answers0.5_lr5e-5": ["--beta", "0.5", "--confidence_beta", "0", "--learning_rate", "5e-5"],
+    "kl_answers0.5_prompt_norm": [
+        "--beta",
+        "0.5",
+        "--confidence_beta",
+        "0",
+        "--confidence_normalization",
+        "answer_then_prompt",
+    ],
+    "kl_answers0.5_conf_t1": [
+        "--beta",
+        "0.5",
+        "--confidence_beta",
+        "0",
+        "--confidence_generation_kwargs",
+        '{"temperature": 1.0}',
+    ],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],
 }
 
 
-def run_all(names: list[str], extra: list[str], parallel: int, workdir: Path) -> dict:
-    """Run the variants, `parallel` at a time (one CPU thread each when several), and read their metrics.json."""
+def run_name(variant: str, seed: str | None) -> str:
+    return variant if seed is None else f"{variant}@{seed}"
+
+
+def run_all(names: list[str], extra: list[str], parallel: int, workdir: Path, seeds: list[str | None], save) -> dict:
+    """Run the variants (once per seed), `parallel` at a time (one CPU thread each when several), and read their
+    metrics.json; `save(results)` after each run ends, so a sweep cut short keeps the runs that finished."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if parallel > 1:
         env["OMP_NUM_THREADS"] = "1"
-    pending, running, results = list(names), {}, {}
+    runs = [(run_name(n, seed), n, seed) for n in names for seed in seeds]
+    pending, running, results = list(runs), {}, {}
     while pending or running:
         while pending and len(running) < parallel:
-            name = pending.pop(0)
+            name, variant, seed = pending.pop(0)
+            flags = [*VARIANTS[variant], *([] if seed is None else ["--seed", seed]), *extra]
             cmd = [
                 sys.executable,
                 str(ROOT / "recipes" / "rlcr.py"),
@@ -63,23 +94,23 @@ def run_all(names: list[str], extra: list[str], parallel: int, workdir: Path) ->
                 str(workdir / name),
                 "--save_strategy",
                 "no",
-                *VARIANTS[name],
-                *extra,
+                *flags,
             ]
             log = open(workdir / f"{name}.log", "w")
-            running[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-            print(f"started {name}: {' '.join(VARIANTS[name] + extra)}", flush=True)
-        for name, proc in list(running.items()):
+            running[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), flags)
+            print(f"started {name}: {' '.join(flags)}", flush=True)
+        for name, (proc, flags) in list(running.items()):
             if proc.poll() is not None:
                 del running[name]
-                results[name] = read_run(name, proc.returncode, workdir)
+                results[name] = read_run(name, flags, proc.returncode, workdir)
                 print(f"{name}: {summary_line(results[name])}", flush=True)
+                save(results)
         time.sleep(2)
-    return {name: results[name] for name in names}
+    return {name: results[name] for name, _, _ in runs}
 
 
-def read_run(name: str, returncode: int, workdir: Path) -> dict:
-    entry = {"flags": VARIANTS[name], "returncode": returncode}
+def read_run(name: str, flags: list[str], returncode: int, workdir: Path) -> dict:
+    entry = {"flags": flags, "returncode": returncode}
     metrics = workdir / name / "metrics.json"
     if not metrics.is_file():
         entry["log_tail"] = (workdir / f"{name}.log").read_text()[-3000:]
@@ -144,17 +175,22 @@ def main(argv=None):
     parser.add_argument("--only", help="comma-separated variant names (default: all)")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (GPU: as many as fit)")
     parser.add_argument("--tag", default="cpu", help="results file suffix, e.g. the machine")
+    parser.add_argument("--seeds", help="comma-separated seeds: each variant runs once per seed (default: its own)")
     args = parser.parse_args(own)
     names = args.only.split(",") if args.only else list(VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
-    with tempfile.TemporaryDirectory() as workdir:
-        runs = run_all(names, extra, args.parallel, Path(workdir))
-    result = {"tag": args.tag, "extra_flags": extra, "runs": runs}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"rlcr_ablation_{args.tag}.json").write_text(json.dumps(result, indent=1))
-    plot(result, RESULTS / f"rlcr_ablation_{args.tag}.png")
+
+    def save(runs):
+        result = {"tag": args.tag, "extra_flags": extra, "runs": runs}
+        (RESULTS / f"rlcr_ablation_{args.tag}.json").write_text(json.dumps(result, indent=1))
+        plot(result, RESULTS / f"rlcr_ablation_{args.tag}.png")
+
+    with tempfile.TemporaryDirectory() as workdir:
+        seeds = args.seeds.split(",") if args.seeds else [None]
+        save(run_all(names, extra, args.parallel, Path(workdir), seeds, save))
     print(f"-> {RESULTS / f'rlcr_ablation_{args.tag}.json'}")
 
 
