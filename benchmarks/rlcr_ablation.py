@@ -29,6 +29,7 @@ RESULTS = Path(__file__).parent / "results"
 METRICS = ("accuracy", "ece", "brier", "auroc", "mean_confidence", "confidence_parse_fail_rate")
 LOGGED = ("step", "kl", "answer/", "calibration/", "confidence/")  # the training-log columns kept per step
 _LORA = ["--use_peft", "true", "--lora_r", "16", "--lora_alpha", "32"]
+_PROMPT_NORM_KL = ["--confidence_normalization", "answer_then_prompt", "--beta", "0.5", "--confidence_beta", "0"]
 VARIANTS = {
     "base": [],
     "beta0": ["--beta", "0"],
@@ -65,6 +66,20 @@ VARIANTS = {
         "--confidence_generation_kwargs",
         '{"temperature": 1.0}',
     ],
+    # confidence advantages standardised over the prompt (order 1, where the siblings' Brier differences are ~0.02)
+    "prompt_norm": ["--confidence_normalization", "answer_then_prompt"],
+    "prompt_norm_kl_answers0.5_lr5e-5": [*_PROMPT_NORM_KL, "--learning_rate", "5e-5"],
+    "prompt_norm_kl_answers0.5_gc4": [*_PROMPT_NORM_KL, "--num_generations_confidence", "4"],
+    "prompt_norm_kl_answers0.5_uniform_warmup": [*_PROMPT_NORM_KL, "--warmup_confidences", "uniform"],
+    "prompt_norm_uniform_warmup_lr5e-5": [
+        "--confidence_normalization",
+        "answer_then_prompt",
+        "--warmup_confidences",
+        "uniform",
+        "--learning_rate",
+        "5e-5",
+    ],
+    "prompt_norm_lora_lr2e-3": [*_LORA, "--confidence_normalization", "answer_then_prompt", "--learning_rate", "2e-3"],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],
