@@ -93,6 +93,30 @@ def test_format_warmup_trains_caches_and_names_its_base(tmp_path, monkeypatch):
     assert (tmp_path / "cache").joinpath(path.split("/")[-1], "model.safetensors").stat().st_mtime_ns == mtime
 
 
+def test_the_build_scores_only_completions_in_small_cpu_tiles(tmp_path, monkeypatch):
+    """SFTTrainer's loss goes through TRL's fused LM head: on CPU the build scores only the labelled positions, in
+    the trainers' small tiles (TRL's own 4096-token tiles held gigabytes in the backward of a workspace warm-up)."""
+    import torch
+    import trl.kernels.chunked_logprob as chunked_logprob
+    import trl.trainer.utils as trl_utils
+
+    from trl_ext.models import warmup
+
+    scored = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+
+    def recording(hidden_states, weight, bias, labels, *args):
+        scored.append((hidden_states.size(0), chunked_logprob.TOKEN_CHUNK_SIZE))
+        return apply(hidden_states, weight, bias, labels, *args)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", recording)
+    settings = {"learning_rate": 1e-2, "num_train_epochs": 1.0, "per_device_train_batch_size": 1, "bf16": False}
+    examples = [{"input_ids": list(range(5, 25)), "labels": [-100] * 17 + [22, 23, 24]}]
+    warmup._train(tiny_checkpoint(tmp_path / "base"), examples, {**settings, "seed": 0}, tmp_path / "out")
+    assert scored == [(3, warmup.CPU_LOGPROB_TILE_TOKENS)]  # 3 labelled positions of 19, not every position
+    assert chunked_logprob.TOKEN_CHUNK_SIZE == 4096 and not trl_utils._use_triton(torch.device("cpu"))  # restored
+
+
 def test_changed_inputs_build_a_new_warmup(tmp_path, monkeypatch):
     from trl_ext.models import warmup
 

@@ -26,13 +26,17 @@ from pathlib import Path
 from .cache import build_once, cache_root
 
 
-# Bump when the build below changes, so stale warm-ups are rebuilt instead of reused.
+# Bump when the build below changes, so stale warm-ups are rebuilt instead of reused. (Not for changes that train the
+# same updates, such as recomputed activations or the CPU log-prob tiles: their cached warm-ups stay valid.)
 _BUILD_FORMAT = 1
 # Stated confidences of the warm-up examples: every tenth, drawn by one of these weightings, which never depend on
 # the question or the answer. "weighted": by its value (mostly high, sometimes low), as instruction-tuned models state
 # confidence; "uniform": each equally likely, so RL starts from spread confidences rather than a habit.
 WARMUP_CONFIDENCES = tuple(round(0.1 * k, 1) for k in range(1, 11))
 WARMUP_CONFIDENCE_WEIGHTS = {"weighted": WARMUP_CONFIDENCES, "uniform": (1.0,) * len(WARMUP_CONFIDENCES)}
+# Tokens per tile of TRL's fused log-prob computation on CPU during the build (the trainers' default
+# `cpu_logprob_tile_tokens`).
+CPU_LOGPROB_TILE_TOKENS = 256
 
 
 def rlcr_format_examples(
@@ -102,8 +106,9 @@ def format_warmup(
             the completions only, TRL's `completion_only_loss`) or tokenized rows (`{"input_ids": [...], "labels":
             [...]}`, -100 on tokens outside the loss), as `SFTTrainer` reads them.
         learning_rate, num_train_epochs, per_device_train_batch_size, bf16, seed: The SFT run's settings
-            (constant learning rate, no checkpoints, float32 weights; `bf16` trains with bf16 autocast, which CPUs
-            with AVX512-BF16 or AMX also run faster).
+            (constant learning rate, no checkpoints, float32 weights, activations recomputed in the backward, and
+            on CPU only the completions scored, in small tiles; `bf16` trains with bf16 autocast, which CPUs with
+            AVX512-BF16 or AMX also run faster).
         cache_dir: Parent directory of the built checkpoints. Defaults to `<cache_root>/warmup`.
 
     The build runs in a child process with no distributed environment: called from every rank of a `torchrun` or
@@ -232,6 +237,8 @@ def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
+    from ..trainers.logprob_tiles import cpu_logprob_tiles
+
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     # float32 weights: the warm-up's small updates would partly round away in a bf16 copy.
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
@@ -249,12 +256,18 @@ def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> 
             use_cpu=not torch.cuda.is_available(),
             bf16=settings["bf16"],
             max_length=None,
-            activation_checkpointing=False,
+            # Recompute activations in the backward: the workspace warm-up's 900-token episodes otherwise keep
+            # about 1 GB of them (the same updates; about 8% more time on CPU).
+            activation_checkpointing=True,
         )
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer
         )
-        trainer.train()
+        # SFTTrainer's loss goes through TRL's fused LM head, as GRPOTrainer's does: on CPU it would score every
+        # position (the prompt and the tool result, most of a workspace episode) in 4096-token tiles whose backward
+        # holds gigabytes of temporaries. The trainers' CPU tiles give the same values (trainers/logprob_tiles.py).
+        with cpu_logprob_tiles(CPU_LOGPROB_TILE_TOKENS, trainer.accelerator.device):
+            trainer.train()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _write_card(base_model, len(examples), settings, out)

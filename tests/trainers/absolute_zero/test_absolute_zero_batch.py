@@ -53,9 +53,10 @@ class Policy:
         return ANSWERS[re.search(r"What is (.*)\?", text).group(1)][k]
 
 
-def make_trainer(tmp_path, prompts="AB", eval_dataset_rows=False, **overrides):
+def make_trainer(tmp_path, prompts="AB", eval_dataset_rows=False, model=None, **overrides):
     task = arithmetic_task()
-    model, tokenizer = tiny_causal_lm()
+    tiny, tokenizer = tiny_causal_lm()
+    model = model or tiny
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Seed {c}"}]} for c in prompts])
     args = cpu_test_args(
         tmp_path,
@@ -154,6 +155,59 @@ def test_unresolved_after_max_attempts(tmp_path):
     assert log["repropose/total_attempts"] == 3 and log["repropose/final_non_learnable"] == 1
     assert log["unified_filter/num_sampled"] == 1 and log["proposer/invalid_rate"] == 0.25
     assert log["joint/proposer_solver_ratio"] == 1.0  # 2 proposer rows for 2 trained solver rows
+
+
+@pytest.mark.parametrize("proposer_loss_weight", [1.0, 0.5])
+def test_loss_forward_skips_zero_loss_rows_and_pads_each_kind_alone(tmp_path, proposer_loss_weight):
+    """The loss forward scores only the rows that carry loss (not B's unresolved solver rows), each row kind cut to
+    its own padding: the same loss and gradients as TRL's forward over the whole padded batch."""
+    from trl import GRPOTrainer
+
+    _, batch, _ = run(make_trainer(tmp_path / "scripted"), "unresolved")
+    live = (batch["completion_mask"] * batch["tool_mask"]).sum(-1) > 0
+    assert live.tolist() == [True, True, False, False, True, True]
+    # the scripted batch, scored by a model with large weights: attention matters, so a wrong mask or position
+    # would show
+    model, _ = tiny_causal_lm(initializer_range=0.5)
+    trainer = make_trainer(tmp_path, model=model, proposer_loss_weight=proposer_loss_weight)
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    forwards = []
+    model.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape), with_kwargs=True)
+    results = []
+    weighted = GRPOTrainer._compute_loss.__get__(trainer)  # the parent's forward over every row, same advantages
+    weight = torch.where(batch["row_kind"] == 1, proposer_loss_weight, 1.0)
+    for loss_fn, x in (
+        (trainer._compute_loss, inputs),
+        (weighted, {**inputs, "advantages": inputs["advantages"].nan_to_num(0.0) * weight}),
+    ):
+        model.zero_grad()
+        loss = loss_fn(model, x)
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (ours, our_grads), (parent, parent_grads) = results
+    assert ours == pytest.approx(parent, abs=1e-6)  # about 0: the ratio is 1 and each group's advantages sum to 0
+    assert max(g.abs().max() for g in our_grads) > 1e-3  # but the gradient is not
+    for a, b in zip(our_grads, parent_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    ours_shapes, parent_shape = forwards[:-1], forwards[-1]
+    assert [shape[0] for shape in ours_shapes] == [2, 2]  # A's solver rows, then the two proposer rows
+    assert parent_shape[0] == 6
+    assert sum(shape.numel() for shape in ours_shapes) < parent_shape.numel() * 2 / 3
+
+
+def test_loss_forward_without_rows_that_carry_loss_still_runs_a_backward(tmp_path):
+    """A micro-batch whose every row is at zero loss forwards one short stand-in row, so the backward runs."""
+    _, batch, _ = run(make_trainer(tmp_path / "scripted"), "unresolved")
+    trainer = make_trainer(tmp_path)
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    inputs["tool_mask"] = torch.zeros_like(inputs["tool_mask"])
+    forwards = []
+    trainer.model.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape), with_kwargs=True)
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    assert loss.item() == 0.0 and [tuple(shape) for shape in forwards] == [(1, 2)]
 
 
 def test_all_proposals_invalid_costs_no_solver_generation(tmp_path):
