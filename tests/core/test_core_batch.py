@@ -89,3 +89,16 @@ def test_merge_rows_restores_order_and_width():
     logps, entropies = merge_rows([first, second], [torch.tensor([1]), torch.tensor([2, 0])], width=3)
     assert logps.tolist() == [[4.0, 0.0, 0.0], [1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
     assert entropies is None
+
+
+def test_scatter_rows_puts_parts_in_place_and_zeros_elsewhere():
+    from trl_ext.core.batch import scatter_rows
+
+    values = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    out = scatter_rows(
+        [(torch.tensor([2]), values), (torch.tensor([0]), torch.tensor([[3.0, 4.0, 5.0]]))], 4, 3, "cpu"
+    )
+    assert out.tolist() == [[3.0, 4.0, 5.0], [0.0, 0.0, 0.0], [1.0, 2.0, 0.0], [0.0, 0.0, 0.0]]
+    out.sum().backward()
+    assert values.grad.tolist() == [[1.0, 1.0]]
+    assert scatter_rows([], 2, 3, "cpu").tolist() == [[0.0] * 3] * 2

@@ -80,6 +80,16 @@ def merge_rows(parts, order, width: int):
     return tuple(merged)
 
 
+def scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, width: int, device) -> torch.Tensor:
+    """`(num_rows, width)` zeros with each part's `(row indices, values)` put in place, values right-padded with zeros
+    to `width`; differentiable in the values. Rows no part names stay 0."""
+    dtype = parts[0][1].dtype if parts else torch.float32
+    out = torch.zeros(num_rows, width, dtype=dtype, device=device)
+    for index, values in parts:
+        out = out.index_copy(0, index, torch.nn.functional.pad(values, (0, width - values.size(1))))
+    return out
+
+
 def rows_by_key(keys: torch.Tensor) -> list[list[int]]:
     """Row indices per distinct value of `keys`, groups in order of first appearance, rows in order."""
     groups: dict[int, list[int]] = {}

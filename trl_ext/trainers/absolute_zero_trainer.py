@@ -35,7 +35,6 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from ..core.advantages import batch_baseline_advantages, group_advantages
-from ..core.batch import trim_padding
 from ..core.learnability import (
     counted_ratio,
     default_criteria,
@@ -56,6 +55,7 @@ from .init_checks import check_conversational_prompts, check_not_empty, checked_
 from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
+from .row_kind_forwards import RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
@@ -137,6 +137,7 @@ HELDOUT_FIELDS = ("task_type", "level")  # question fields the held-out accuracy
 
 
 class AbsoluteZeroTrainer(
+    RowKindForwards,
     CheckpointStateMixin,
     ModelCardMixin,
     CPULogprobTiles,
@@ -186,6 +187,8 @@ class AbsoluteZeroTrainer(
     Scores that need the live environment (`get_reward`, reward functions reading `environments`) are computed in the
     solving round that ran the episode, like every solver reward, and the final batch replays the recorded values.
     """
+
+    ROW_KINDS = (SOLVER, PROPOSER)  # scored one forward each in the loss (`RowKindForwards`)
 
     _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
     checkpoint_state_name = "absolute_zero_state"
@@ -279,7 +282,7 @@ class AbsoluteZeroTrainer(
             self._criteria = None  # the default depends on the group size, which differs in evaluation
         self.task_state = task_state
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
-        self._loss_rows = None  # set by the loss forward: which rows it scores (see `_loss_row_forwards`)
+        self._loss_rows = None  # set by the loss forward: which rows it scores
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
@@ -338,9 +341,8 @@ class AbsoluteZeroTrainer(
         `_solver_batch`), and pads solver and proposer rows to the longer prompt and completion of the two. TRL's
         forward would run and keep activations for all of that; here the zero-loss rows get log-probs and entropies
         of 0 without a forward (their loss is 0 either way, and every loss normalisation counts the same rows and
-        tokens), and each kind's live rows are trimmed to the columns they use. The model sees positions 0..L-1
-        whatever the padding, as in TRL's batches: with rotary embeddings a row's log-probs do not depend on it.
-        Other passes (old and reference log-probs, evaluation) are TRL's.
+        tokens), and each kind's live rows are trimmed to the columns they use (`RowKindForwards`). Other passes (old
+        and reference log-probs, evaluation) are TRL's.
         """
         rows = self._loss_rows
         multimodal = any(value is not None for value in kwargs.values())
@@ -355,46 +357,11 @@ class AbsoluteZeroTrainer(
                 compute_aux_loss,
                 **kwargs,
             )
-        num_rows, device = input_ids.size(0), input_ids.device
-        kinds = rows.kinds.to(device) if rows.kinds is not None else torch.full((num_rows,), SOLVER, device=device)
-        live = rows.live.to(device)
-        parts, stand_ins = [], []
-        for kind in self._loss_row_forwards(kinds[live]):
-            index = torch.nonzero(live & (kinds == kind)).flatten()
-            if index.numel() == 0:
-                stand_ins.append(self._stand_in_forward(model, input_ids))
-                continue
-            ids, mask, keep = trim_padding(input_ids[index], attention_mask[index], logits_to_keep)
-            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
-                model, ids, mask, keep, batch_size, compute_entropy
-            )
-            parts.append((index, logps, entropies))
-        if not parts and not stand_ins:  # nothing to score: the loss still needs a graph to run its backward
-            stand_ins.append(self._stand_in_forward(model, input_ids))
-        logps = _scatter_rows([(i, lp) for i, lp, _ in parts], num_rows, logits_to_keep, device)
-        entropies = (
-            _scatter_rows([(i, e) for i, _, e in parts], num_rows, logits_to_keep, device) if compute_entropy else None
+        kinds = rows.kinds if rows.kinds is not None else torch.full((input_ids.size(0),), SOLVER)
+        logps, entropies = self._forward_by_kind(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, scored=rows.live
         )
-        for zero in stand_ins:
-            logps = logps + zero  # exactly 0: the stand-in joins the graph, so its backward runs too
         return logps, entropies, None
-
-    def _loss_row_forwards(self, live_kinds: torch.Tensor) -> list[int]:
-        """The row kinds the loss forward scores, one forward each: both kinds with several processes.
-
-        Each forward (and its backward) is a collective under DDP (buffer broadcast), ZeRO-3 and FSDP (parameter
-        gathers), so the number of forwards may not depend on which rows a process holds
-        (docs/design.md#multi-process-invariants); a kind without live rows gets a stand-in forward. One process
-        scores only the kinds that have live rows."""
-        if self.accelerator.num_processes > 1:
-            return [SOLVER, PROPOSER]
-        return live_kinds.unique().tolist()
-
-    def _stand_in_forward(self, model, input_ids):
-        """Forward one short row; returns a zero joined to its graph."""
-        ids = input_ids[:1, -2:]
-        logps, _, _ = super()._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), 1)
-        return (logps.sum() * 0.0).nan_to_num(0.0)
 
     def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
         """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
@@ -828,16 +795,6 @@ class _LossRows:
 
     kinds: torch.Tensor | None
     live: torch.Tensor
-
-
-def _scatter_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], num_rows: int, width: int, device) -> torch.Tensor:
-    """`(num_rows, width)` zeros with each part's `(rows, values)` put in place, right-padded with zeros to `width`;
-    differentiable in the values."""
-    dtype = parts[0][1].dtype if parts else torch.float32
-    out = torch.zeros(num_rows, width, dtype=dtype, device=device)
-    for index, values in parts:
-        out = out.index_copy(0, index, torch.nn.functional.pad(values, (0, width - values.size(1))))
-    return out
 
 
 def _empty_logs():

@@ -33,7 +33,7 @@ import torch
 from trl import GRPOTrainer
 
 from ..core.advantages import group_advantages
-from ..core.batch import group_rows, merge_rows, trim_padding
+from ..core.batch import group_rows, merge_rows
 from ..core.confidence_diagnostics import confidence_correctness_correlation, confidence_leak, confidence_spread
 from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attention_mask, tree_mask_unsupported
 from ..core.spans import span_token_mask
@@ -50,6 +50,7 @@ from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
+from .row_kind_forwards import RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
 
@@ -72,6 +73,7 @@ class ForwardRows:
 
 
 class RLCRMultiTurnTrainer(
+    RowKindForwards,
     CheckpointStateMixin,
     ModelCardMixin,
     CPULogprobTiles,
@@ -100,6 +102,8 @@ class RLCRMultiTurnTrainer(
     with the row kind in `row_kind` (0 answer, 1 confidence), the row's family in `family` (the
     process-local index of its answer) and the loss-only span mask in `tool_mask`.
     """
+
+    ROW_KINDS = (ANSWER, CONFIDENCE)  # scored one forward each in the loss (`RowKindForwards`)
 
     _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
     _name = "RLCR (multi-turn)"
@@ -246,11 +250,7 @@ class RLCRMultiTurnTrainer(
 
         A shared micro-batch pads answer rows to the confidence prompts' width (which contain the answer) and
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
-        row of the type uses. The model sees positions 0..L-1 whatever the padding (as in TRL's own batches), so
-        with rotary embeddings a row's log-probs do not depend on how much padding precedes it.
-
-        With several processes, both row kinds get their forward even when the micro-batch lacks one (see
-        `_forward_row_kinds`).
+        row of the type uses (`RowKindForwards`, which also keeps the forwards equal across processes).
         """
         kinds = self._forward_rows.kinds
         multimodal = any(value is not None for value in kwargs.values())
@@ -258,8 +258,7 @@ class RLCRMultiTurnTrainer(
             return self._packed_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        forwards = None if kinds is None else self._forward_row_kinds(kinds)
-        if kinds is None or compute_aux_loss or multimodal or len(forwards) < 2:
+        if kinds is None or compute_aux_loss or multimodal:
             return super()._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
@@ -270,39 +269,10 @@ class RLCRMultiTurnTrainer(
                 compute_aux_loss,
                 **kwargs,
             )
-        parts, order, stand_ins = [], [], []
-        for kind in forwards:
-            rows = torch.nonzero(kinds == kind).flatten()
-            if rows.numel() == 0:
-                stand_ins.append(self._stand_in_forward(model, input_ids))
-                continue
-            ids, mask, keep = trim_padding(input_ids[rows], attention_mask[rows], logits_to_keep)
-            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
-                model, ids, mask, keep, batch_size, compute_entropy, compute_aux_loss, **kwargs
-            )
-            parts.append((logps, entropies))
-            order.append(rows)
-        logps, entropies = merge_rows(parts, order, logits_to_keep)
-        for zero in stand_ins:
-            logps = logps + zero  # exactly 0: the stand-in joins the graph, so its backward runs too
+        logps, entropies = self._forward_by_kind(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds
+        )
         return logps, entropies, None
-
-    def _forward_row_kinds(self, kinds):
-        """The row kinds the loss forward scores one forward each: every kind with several processes.
-
-        Each forward (and its backward) is a collective under DDP (buffer broadcast), ZeRO-3 and FSDP (parameter
-        gathers), so the number of forwards may not depend on which rows a process holds
-        (docs/design.md#multi-process-invariants). One process scores only the kinds its micro-batch holds.
-        """
-        if self.accelerator.num_processes > 1:
-            return [ANSWER, CONFIDENCE]
-        return kinds.unique().tolist()
-
-    def _stand_in_forward(self, model, input_ids):
-        """Forward one short row for a kind this process lacks; returns a zero joined to its graph."""
-        ids = input_ids[:1, -2:]
-        logps, _, _ = super()._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), 1)
-        return (logps.sum() * 0.0).nan_to_num(0.0)
 
     def _packed_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy

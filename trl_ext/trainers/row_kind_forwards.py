@@ -1,0 +1,60 @@
+"""The loss forward of a micro-batch that mixes row kinds, one forward per kind, for the trainers whose kinds pad
+differently (RLCR: answers and confidence turns; Absolute Zero: solver and proposer rows)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.batch import scatter_rows, trim_padding
+
+
+class RowKindForwards:
+    """Score each row kind of a loss micro-batch in a forward of its own, cut to the columns its rows use.
+
+    A shared micro-batch pads every row to the longest prompt and completion of any kind; trimmed, a kind's forward
+    processes only its own. The model sees positions 0..L-1 whatever the padding (as in TRL's batches), so with rotary
+    embeddings a row's log-probs do not depend on how much padding precedes it.
+
+    Each forward (and its backward) is a collective under DDP (buffer broadcast), ZeRO-3 and FSDP (parameter gathers),
+    so the number of forwards may not depend on which rows a process holds
+    (docs/design.md#multi-process-invariants): with several processes every kind in `ROW_KINDS` gets a forward, a
+    one-row stand-in where this process has no row of it. One process scores only the kinds it holds.
+    """
+
+    ROW_KINDS: tuple[int, ...] = ()
+
+    def _forward_by_kind(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, scored=None
+    ):
+        """`(per-token log-probs, entropies or None)` of every row, each kind scored in its own forward; rows where
+        `scored` is False get 0 without a forward (their loss is 0 either way)."""
+        num_rows, device = input_ids.size(0), input_ids.device
+        kinds = kinds.to(device)
+        scored = torch.ones(num_rows, dtype=torch.bool, device=device) if scored is None else scored.to(device)
+        held = kinds[scored].unique().tolist()
+        parts, stand_ins = [], []
+        for kind in self.ROW_KINDS if self.accelerator.num_processes > 1 else held:
+            index = torch.nonzero(scored & (kinds == kind)).flatten()
+            if index.numel() == 0:
+                stand_ins.append(self._stand_in_forward(model, input_ids))
+                continue
+            ids, mask, keep = trim_padding(input_ids[index], attention_mask[index], logits_to_keep)
+            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
+                model, ids, mask, keep, batch_size, compute_entropy
+            )
+            parts.append((index, logps, entropies))
+        if not parts and not stand_ins:  # nothing scored: the loss still needs a graph to run its backward
+            stand_ins.append(self._stand_in_forward(model, input_ids))
+        logps = scatter_rows([(index, lp) for index, lp, _ in parts], num_rows, logits_to_keep, device)
+        entropies = None
+        if compute_entropy:
+            entropies = scatter_rows([(index, e) for index, _, e in parts], num_rows, logits_to_keep, device)
+        for zero in stand_ins:
+            logps = logps + zero  # exactly 0: the stand-in joins the graph, so its backward runs too
+        return logps, entropies
+
+    def _stand_in_forward(self, model, input_ids):
+        """Forward one short row for a kind this process lacks; returns a zero joined to its graph."""
+        ids = input_ids[:1, -2:]
+        logps, _, _ = super()._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), 1)
+        return (logps.sum() * 0.0).nan_to_num(0.0)
