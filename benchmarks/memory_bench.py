@@ -217,8 +217,8 @@ def run_one(name: str, model_kind: str) -> dict:
     """Build one configuration, train it under the sampler, return its memory figures."""
     import torch
 
+    from trl_ext.models.logprob_tiles import cpu_logprob_tiles
     from trl_ext.testing import ScriptedGeneration
-    from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
     trainer, script = build(name, model_kind)
     # Plain GRPO gets the trainers' CPU log-prob tile (`cpu_logprob_tile_tokens`), so each pair differs only in its

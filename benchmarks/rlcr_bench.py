@@ -53,6 +53,7 @@ from trl_ext.data import graded_arithmetic
 from trl_ext.evaluation.calibration import brier_score, calibration_report, expected_calibration_error
 from trl_ext.evaluation.greedy import greedy_completions
 from trl_ext.evaluation.rlcr import evaluate_calibration
+from trl_ext.models.logprob_tiles import CPULogprobTiles
 from trl_ext.models.warmup import format_warmup, rlcr_format_examples
 from trl_ext.recipe import write_json
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
@@ -60,7 +61,6 @@ from trl_ext.rewards.parsing import completion_text
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 from trl_ext.trainers.base_config import TrlExtGRPOConfig
-from trl_ext.trainers.logprob_tiles import CPULogprobTiles
 
 
 RESULTS = Path(__file__).parent / "results"

@@ -8,10 +8,10 @@ import trl.trainer.utils as trl_utils
 from datasets import Dataset
 from trl.trainer.utils import add_fused_lm_head
 
+from trl_ext.models.logprob_tiles import cpu_logprob_tiles
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 from trl_ext.trainers.base_config import TrlExtGRPOConfig
-from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
 
 CPU = torch.device("cpu")

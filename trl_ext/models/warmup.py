@@ -237,7 +237,7 @@ def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from ..trainers.logprob_tiles import cpu_logprob_tiles
+    from .logprob_tiles import cpu_logprob_tiles
 
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     # float32 weights: the warm-up's small updates would partly round away in a bf16 copy.
@@ -265,7 +265,7 @@ def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> 
         )
         # SFTTrainer's loss goes through TRL's fused LM head, as GRPOTrainer's does: on CPU it would score every
         # position (the prompt and the tool result, most of a workspace episode) in 4096-token tiles whose backward
-        # holds gigabytes of temporaries. The trainers' CPU tiles give the same values (trainers/logprob_tiles.py).
+        # holds gigabytes of temporaries. The trainers' CPU tiles give the same values (models/logprob_tiles.py).
         with cpu_logprob_tiles(CPU_LOGPROB_TILE_TOKENS, trainer.accelerator.device):
             trainer.train()
     model.save_pretrained(out)

@@ -45,6 +45,7 @@ from ..core.learnability import (
 )
 from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..evaluation.heldout_metrics import accuracy_by_field, sample_accuracy
+from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards.parsing import completion_text
 from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
@@ -52,7 +53,6 @@ from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
-from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .row_kind_forwards import RowKindForwards

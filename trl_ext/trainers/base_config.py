@@ -30,7 +30,7 @@ class TrlExtGRPOConfig(GRPOConfig):
             labelled (completion) positions, as TRL does with Triton, instead of every prompt and padding position.
             TRL's 4096 makes its CPU backward hold about 4 GB of float32 temporaries at once; smaller tiles give the
             same values with less memory. No effect on CUDA. `None` keeps TRL's size (see
-            `trl_ext/trainers/logprob_tiles.py`).
+            `trl_ext/models/logprob_tiles.py`).
 
         > Parameters of the held-out evaluation (`trainer.evaluate()`, run every `eval_steps` with
         > `eval_strategy="steps"` on `eval_dataset`; see docs/recipes.md#held-out-evaluation-during-training)

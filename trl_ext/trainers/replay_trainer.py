@@ -42,10 +42,10 @@ from ..core.experience import (
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
 from ..evaluation.heldout_metrics import sample_accuracy
+from ..models.logprob_tiles import CPULogprobTiles
 from .call_record import CallRecord, RecordsCalls
 from .heldout import HeldoutEvaluation
 from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
-from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .replay_config import ReplayGRPOConfig
 from .row_batches import local_rows

@@ -40,13 +40,13 @@ from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..evaluation.calibration import calibration_report
 from ..evaluation.heldout_metrics import calibration_metrics
+from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
 from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
-from .logprob_tiles import CPULogprobTiles
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss

@@ -12,11 +12,11 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
 
 from trl_ext.environments import WorkspaceEnvironment, parse_task
+from trl_ext.models.logprob_tiles import cpu_logprob_tiles
 from trl_ext.rewards import LLMJudge
 from trl_ext.self_play import workspace_task
 from trl_ext.self_play.workspace import render_judge_request, solver_prompt
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
-from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
 
 TASK = {

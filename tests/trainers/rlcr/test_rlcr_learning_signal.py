@@ -15,10 +15,10 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.evaluation.calibration import auroc
+from trl_ext.models.logprob_tiles import cpu_logprob_tiles
 from trl_ext.rewards import completion_text, extract_confidence, make_brier_reward
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.logprob_tiles import cpu_logprob_tiles
 
 
 PROMPT = "Say a digit."
