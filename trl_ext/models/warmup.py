@@ -26,8 +26,9 @@ from pathlib import Path
 from .cache import build_once, cache_root
 
 
-# Bump when the build below changes, so stale warm-ups are rebuilt instead of reused. (Not for changes that train the
-# same updates, such as recomputed activations or the CPU log-prob tiles: their cached warm-ups stay valid.)
+# Bump when the build below changes, so stale warm-ups are rebuilt instead of reused. (Not for changes to how the same
+# updates are computed, such as recomputed activations or the CPU log-prob tiles: cached warm-ups stay valid, though a
+# new build rounds differently, as one on another thread count does.)
 _BUILD_FORMAT = 1
 # Stated confidences of the warm-up examples: every tenth, drawn by one of these weightings, which never depend on
 # the question or the answer. "weighted": by its value (mostly high, sometimes low), as instruction-tuned models state
@@ -54,9 +55,9 @@ def rlcr_format_examples(
     Each row (a conversational `prompt` and its gold `solution`) gives two examples: the answer turn, completed by
     `<answer>solution</answer>`, and the confidence turn (the prompt, that answer as the assistant message, then
     `confidence_prompt`), completed by `<confidence>c</confidence>` with `c` drawn from `WARMUP_CONFIDENCES` by
-    `WARMUP_CONFIDENCE_WEIGHTS[confidence_draw]` (seeded, independent of the row). With `single_turn_system_prompt`, each row also
-    gives a single-turn example: the prompt under that system message, completed by the answer and the confidence
-    in one reply (single-turn RLCR's format), with the same kind of draw.
+    `WARMUP_CONFIDENCE_WEIGHTS[confidence_draw]` (seeded, independent of the row). With `single_turn_system_prompt`,
+    each row also gives a single-turn example: the prompt under that system message, completed by the answer and the
+    confidence in one reply (single-turn RLCR's format), with the same kind of draw.
     """
     if confidence_draw not in WARMUP_CONFIDENCE_WEIGHTS:
         raise ValueError(
