@@ -55,7 +55,7 @@ from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
-from .row_kind_forwards import RowKindForwards
+from .row_kind_forwards import KindRows, RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
@@ -282,7 +282,6 @@ class AbsoluteZeroTrainer(
             self._criteria = None  # the default depends on the group size, which differs in evaluation
         self.task_state = task_state
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
-        self._loss_rows = None  # set by the loss forward: which rows it scores
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
@@ -319,49 +318,14 @@ class AbsoluteZeroTrainer(
         if KIND_KEY in inputs:
             weight = torch.where(inputs[KIND_KEY] == PROPOSER, self.args.proposer_loss_weight, 1.0)
             advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
+        # A batch holds rows trained at zero loss (an unresolved prompt's solver rows, the proposer padding rows; see
+        # `_solver_batch`) and pads solver and proposer rows to the longer of the two: the loss forward skips the
+        # former (log-probs 0; their loss is 0 either way and every normalisation counts the same rows and tokens)
+        # and trims each kind's live rows to their own padding (`RowKindForwards`).
         loss_mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
-        rows = _LossRows(inputs.get(KIND_KEY), loss_mask.sum(-1) > 0)
-        with scoped_call(self, _loss_rows=rows):
+        rows = KindRows(inputs.get(KIND_KEY), scored=loss_mask.sum(-1) > 0)
+        with scoped_call(self, _kind_rows=rows):
             return super()._compute_loss(model, {**inputs, "advantages": advantages})
-
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **kwargs,
-    ):
-        """In the loss forward, score only the rows that carry loss, each row kind cut to its own padding.
-
-        A batch holds rows trained at zero loss (an unresolved prompt's solver rows, the proposer padding rows; see
-        `_solver_batch`), and pads solver and proposer rows to the longer prompt and completion of the two. TRL's
-        forward would run and keep activations for all of that; here the zero-loss rows get log-probs and entropies
-        of 0 without a forward (their loss is 0 either way, and every loss normalisation counts the same rows and
-        tokens), and each kind's live rows are trimmed to the columns they use (`RowKindForwards`). Other passes (old
-        and reference log-probs, evaluation) are TRL's.
-        """
-        rows = self._loss_rows
-        multimodal = any(value is not None for value in kwargs.values())
-        if rows is None or compute_aux_loss or multimodal:
-            return super()._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **kwargs,
-            )
-        kinds = rows.kinds if rows.kinds is not None else torch.full((input_ids.size(0),), SOLVER)
-        logps, entropies = self._forward_by_kind(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, scored=rows.live
-        )
-        return logps, entropies, None
 
     def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
         """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
@@ -786,15 +750,6 @@ class AbsoluteZeroTrainer(
         if saved is None:
             raise ValueError("the checkpoint was written without a task state; resume with the family it was run with")
         self.task_state.load_state_dict(saved)
-
-
-@dataclass
-class _LossRows:
-    """What the loss forward is told about its micro-batch: each row's kind (`None`: one kind) and whether any of
-    its tokens carries loss."""
-
-    kinds: torch.Tensor | None
-    live: torch.Tensor
 
 
 def _empty_logs():

@@ -50,7 +50,7 @@ from .init_checks import check_conversational_prompts, check_datasets, checked_a
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
-from .row_kind_forwards import RowKindForwards
+from .row_kind_forwards import KindRows, RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
 
@@ -64,11 +64,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ForwardRows:
-    """What a forward pass is told about the rows it scores: their kinds (each kind then gets a forward of its own,
-    cut to its own padding) and their families (each family then packed around its shared prefix). `None`: TRL's
-    forward over the rows as given."""
+    """What a forward pass is told about the rows it scores: their families (each family then packed around its
+    shared prefix). `None`: the forward by row kind in the loss (`RowKindForwards`), TRL's elsewhere."""
 
-    kinds: torch.Tensor | None = None
     families: torch.Tensor | None = None
 
 
@@ -225,13 +223,15 @@ class RLCRMultiTurnTrainer(
         return inputs
 
     def _compute_loss(self, model, inputs):
-        # lets the forward pass below pack families, or pad each row kind on its own
-        rows = ForwardRows(inputs.get(KIND_KEY), inputs.get(FAMILY_KEY) if self._share_prefix else None)
-        beta = {}
-        if self.args.confidence_beta is not None and self.beta != 0.0 and rows.kinds is not None:
-            is_confidence = rows.kinds == CONFIDENCE
-            beta["beta"] = RowBeta(self.beta, torch.where(is_confidence, self.args.confidence_beta, self.beta))
-        with scoped_call(self, _forward_rows=rows, **beta):
+        # lets the forward pass below pack families, or score each row kind on its own
+        kinds = inputs.get(KIND_KEY)
+        scoped = {"_forward_rows": ForwardRows(inputs.get(FAMILY_KEY) if self._share_prefix else None)}
+        if kinds is not None:
+            scoped["_kind_rows"] = KindRows(kinds)
+            if self.args.confidence_beta is not None and self.beta != 0.0:
+                per_row = torch.where(kinds == CONFIDENCE, self.args.confidence_beta, self.beta)
+                scoped["beta"] = RowBeta(self.beta, per_row)
+        with scoped_call(self, **scoped):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(
@@ -252,27 +252,21 @@ class RLCRMultiTurnTrainer(
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
         row of the type uses (`RowKindForwards`, which also keeps the forwards equal across processes).
         """
-        kinds = self._forward_rows.kinds
         multimodal = any(value is not None for value in kwargs.values())
         if self._forward_rows.families is not None and not compute_aux_loss and not multimodal:
             return self._packed_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        if kinds is None or compute_aux_loss or multimodal:
-            return super()._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **kwargs,
-            )
-        logps, entropies = self._forward_by_kind(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds
+        return super()._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            **kwargs,
         )
-        return logps, entropies, None
 
     def _packed_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy

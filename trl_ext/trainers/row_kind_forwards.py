@@ -3,9 +3,20 @@ differently (RLCR: answers and confidence turns; Absolute Zero: solver and propo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..core.batch import scatter_rows, trim_padding
+
+
+@dataclass(frozen=True)
+class KindRows:
+    """What the loss forward is told about its micro-batch: each row's kind (`None`: all of the first of
+    `ROW_KINDS`) and which rows carry loss (`None`: all)."""
+
+    kinds: torch.Tensor | None
+    scored: torch.Tensor | None = None
 
 
 class RowKindForwards:
@@ -22,6 +33,39 @@ class RowKindForwards:
     """
 
     ROW_KINDS: tuple[int, ...] = ()
+    _kind_rows: KindRows | None = None  # scoped by the trainer's `_compute_loss` for the loss forward only
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
+    ):
+        """The loss forward by kind (`_kind_rows` set); every other pass (old and reference log-probs, evaluation,
+        auxiliary losses, multimodal rows) is TRL's."""
+        rows = self._kind_rows
+        multimodal = any(value is not None for value in kwargs.values())
+        if rows is None or compute_aux_loss or multimodal:
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **kwargs,
+            )
+        kinds = rows.kinds if rows.kinds is not None else torch.full((input_ids.size(0),), self.ROW_KINDS[0])
+        logps, entropies = self._forward_by_kind(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, rows.scored
+        )
+        return logps, entropies, None
 
     def _forward_by_kind(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, scored=None
