@@ -13,7 +13,7 @@ import yaml
 from datasets import Dataset
 
 from trl_ext import AbsoluteZeroConfig, ReplayGRPOConfig, RLCRMultiTurnConfig
-from trl_ext.recipe import cpu_fallback
+from trl_ext.recipe import cpu_fallback, single_process_cpu_threads
 from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments
 from trl_ext.recipe.replay import ReplayScriptArguments
 from trl_ext.recipe.rlcr import RLCRScriptArguments
@@ -39,6 +39,43 @@ def test_cpu_fallback_only_when_nothing_chose_the_hardware(tmp_path):
     cpu_yaml.write_text("max_steps: 2\n")
     assert cpu_fallback(["--config", str(gpu_yaml)], has_accelerator=False) == ["--config", str(gpu_yaml)]
     assert cpu_fallback([f"--config={cpu_yaml}"], has_accelerator=False) == [f"--config={cpu_yaml}", *CPU_FLAGS]
+
+
+def test_one_accelerate_process_on_cpu_uses_every_core():
+    launched = {"ACCELERATE_DYNAMO_BACKEND": "NO", "OMP_NUM_THREADS": "1"}
+    assert single_process_cpu_threads(launched, cores=2) == 2
+    assert single_process_cpu_threads({**launched, "WORLD_SIZE": "1"}, cores=8) == 8
+    # several processes share the cores; a thread count the user or accelerate chose (> 1) stays; one core: nothing
+    assert single_process_cpu_threads({**launched, "WORLD_SIZE": "2"}, cores=2) is None
+    assert single_process_cpu_threads({**launched, "OMP_NUM_THREADS": "3"}, cores=8) is None
+    assert single_process_cpu_threads(launched, cores=1) is None
+    # `python recipes/...` (not launched by accelerate) keeps torch's own choice
+    assert single_process_cpu_threads({"OMP_NUM_THREADS": "1"}, cores=2) is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_accelerate_launch_of_a_recipe_on_cpu_trains_on_every_core(tmp_path):
+    """`accelerate launch` sets OMP_NUM_THREADS=1 for its one process; the recipe's entry point undoes that."""
+    script = tmp_path / "recipe.py"
+    script.write_text(
+        "import torch\n"
+        "from trl_ext.recipe import RecipeScriptArguments, run_recipe\n"
+        "from trl_ext import RLCRMultiTurnConfig\n"
+        f"run_recipe(lambda *a: print('threads', torch.get_num_threads()), RecipeScriptArguments, "
+        f"RLCRMultiTurnConfig, {str(tmp_path / 'cfg.yaml')!r}, ['--output_dir', {str(tmp_path)!r}])\n"
+    )
+    (tmp_path / "cfg.yaml").write_text("report_to: none\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "WORLD_SIZE")}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"threads {len(os.sched_getaffinity(0))}" in out.stdout, (out.stdout, out.stderr[-2000:])
 
 
 def test_configs_raise_no_deprecation_warning_and_keep_trl_default():

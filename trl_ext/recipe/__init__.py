@@ -13,6 +13,7 @@ from .cli import (
     cpu_fallback,
     resolve_model,
     run_recipe,
+    single_process_cpu_threads,
     with_default_config,
 )
 from .data import LOCAL_FORMATS, load_recipe_dataset
@@ -41,6 +42,7 @@ __all__ = [
     "resolve_model",
     "run_recipe",
     "save_final_model",
+    "single_process_cpu_threads",
     "time_summary",
     "with_default_config",
     "write_json",
