@@ -293,7 +293,12 @@ def main(script_args, training_args, model_args):
             # what the warm-up changed: the base model states no parsable confidence (main process, no trainer)
             base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
             report["base"] = evaluate_calibration(
-                base, tokenizer, evaluation, training_args, rlcr_paper_convention=script_args.rlcr_paper_metrics
+                base,
+                tokenizer,
+                evaluation,
+                training_args,
+                batch_size=training_args.per_device_eval_batch_size,
+                rlcr_paper_convention=script_args.rlcr_paper_metrics,
             )
             write_evaluation(report["base"], output_dir, "base")
             del base
