@@ -20,7 +20,7 @@ against single-turn RLCR (answer and confidence in one completion, reward accura
 from one format warm-up that teaches both formats (so that the single-turn baseline states confidences at all), with
 the recipe's learning rate, temperature and step count, and as many generated tokens per step. Both are evaluated
 greedily on the recipe's held-out questions before training and every `--evaluate-every` steps, once per seed in
-`--seeds`; curves against cumulative generated tokens, mean and min-max over seeds.
+`--seeds` (a seed is the whole pipeline: the warm-up is built per seed, as the recipe's `--seed` builds it); curves against cumulative generated tokens, mean and min-max over seeds.
 """
 
 from __future__ import annotations
@@ -232,28 +232,35 @@ class EvaluateEvery(TrainerCallback):
 
 def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     """Multi-turn RLCR (the recipe's embedded-default run) against single-turn RLCR on plain GRPOTrainer, both from
-    one format warm-up that teaches both formats, equal generated tokens per step, one pair of runs per seed."""
+    one format warm-up (per seed) that teaches both formats, equal generated tokens per step, one pair of runs per
+    seed."""
     from copy import deepcopy
 
     script_args, base_args, train, evaluation = rlcr_cpu_run()
     steps = steps or base_args.max_steps
     n = script_args.warmup_samples
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
-    examples = rlcr_format_examples(
-        train.select(range(n)),
-        base_args.confidence_prompt,
-        seed=base_args.seed,
-        single_turn_system_prompt=single_turn_prompt,
-    )
-    model_path = format_warmup(
-        default_model_path(),
-        examples,
-        learning_rate=script_args.warmup_learning_rate,
-        num_train_epochs=script_args.warmup_epochs,
-        per_device_train_batch_size=script_args.warmup_batch_size,
-        bf16=base_args.bf16,
-        seed=base_args.seed,
-    )
+
+    def warm_up(seed: int) -> str:
+        # A seed is the whole pipeline, as the recipe's --seed is: the warm-up's confidence draw and SFT run too.
+        examples = rlcr_format_examples(
+            train.select(range(n)),
+            base_args.confidence_prompt,
+            seed=seed,
+            single_turn_system_prompt=single_turn_prompt,
+            confidence_draw=script_args.warmup_confidences,
+        )
+        return format_warmup(
+            default_model_path(),
+            examples,
+            learning_rate=script_args.warmup_learning_rate,
+            num_train_epochs=script_args.warmup_epochs,
+            per_device_train_batch_size=script_args.warmup_batch_size,
+            bf16=base_args.bf16,
+            seed=seed,
+        )
+
+    warmups = {}
     train = train.select(range(n, len(train)))
     single_train, single_eval = (with_system_prompt(d, single_turn_prompt) for d in (train, evaluation))
     g_c = base_args.num_generations_confidence
@@ -264,10 +271,16 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     single_length = base_args.max_completion_length + base_args.max_confidence_length
     runs = {"multi_turn": [], "single_turn": []}
     for seed in seeds:
+        model_path = warmups[seed] = warm_up(seed)
         model, tokenizer = load_model(model_path)
         args = deepcopy(base_args)
         args.__dict__.update(
-            output_dir=tempfile.mkdtemp(), seed=seed, max_steps=steps, save_strategy="no", disable_tqdm=True
+            output_dir=tempfile.mkdtemp(),
+            seed=seed,
+            max_steps=steps,
+            save_strategy="no",
+            eval_strategy="no",  # evaluated by the callback below, as the single-turn run is
+            disable_tqdm=True,
         )
         trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
         callback = EvaluateEvery(
@@ -314,7 +327,7 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
         runs["single_turn"].append({"seed": seed, "points": callback.points})
     return {
         "model": "format warm-up (both formats) of SmolLM2-135M-Instruct, bf16 autocast, CPU",
-        "warmup_model": model_path,
+        "warmup_models": warmups,
         "steps": steps,
         "seeds": seeds,
         "evaluate_every": every,
