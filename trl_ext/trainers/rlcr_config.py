@@ -54,11 +54,15 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
         confidence_normalization (`str`, *optional*, defaults to `"answer"`):
             `"answer"`: confidence advantages are normalised among the `G_c` siblings of the same answer only.
             `"answer_then_prompt"`: those within-answer advantages are then standardised over the `G_a * G_c`
-            confidence rows of the prompt.
+            confidence rows of the prompt. That weighs a prompt whose answers are all right (tiny Brier differences
+            between siblings near 1) as much as a mixed one, so the stated confidence drifts towards the training
+            batches' majority outcome, 1 or 0, for every answer (README, RLCR).
         confidence_scale_rewards (`str`, *optional*, defaults to `"none"`):
             Scaling of the within-answer confidence advantages, with `scale_rewards` semantics: `"none"` subtracts the
-            sibling mean only (the default: dividing Brier rewards by their std pushes confidence to the extremes),
-            `"group"` also divides by the siblings' std, `"batch"` by the batch std.
+            sibling mean only, `"group"` also divides by the siblings' std (which, like `"answer_then_prompt"`, makes
+            tiny and large Brier differences alike and pushes confidence to the extremes), `"batch"` by the std of the
+            batch's Brier rewards: one scale for all rows, so each keeps its Brier magnitude while the confidence
+            rows weigh about as much as the answer rows.
         solution_column (`str`, *optional*, defaults to `"solution"`):
             Dataset column holding the gold answer, TRL's convention.
         think_tag (`str`, *optional*, defaults to `"think"`):

@@ -46,8 +46,8 @@ def logged_aurocs(trainer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("share_prefix", [True, False])
-def test_multi_turn_learns_confidence_from_the_answer(tmp_path, share_prefix):
+@pytest.mark.parametrize("share_prefix, scale", [(True, "none"), (False, "none"), (True, "batch")])
+def test_multi_turn_learns_confidence_from_the_answer(tmp_path, share_prefix, scale):
     model, tokenizer = tiny_causal_lm(seed=0, hidden_size=32)
     rng = random.Random(0)
 
@@ -68,6 +68,7 @@ def test_multi_turn_learns_confidence_from_the_answer(tmp_path, share_prefix):
         confidence_prompt=CONFIDENCE_PROMPT,
         lenient_parsing=True,
         share_prefix=share_prefix,
+        confidence_scale_rewards=scale,
         confidence_generation_kwargs={"suppress_tokens": only_zero_or_one(tokenizer)},
         **SETTINGS,
     )
