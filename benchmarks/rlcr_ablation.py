@@ -80,6 +80,11 @@ VARIANTS = {
         "5e-5",
     ],
     "prompt_norm_lora_lr2e-3": [*_LORA, "--confidence_normalization", "answer_then_prompt", "--learning_rate", "2e-3"],
+    # over the current default (confidence advantages on one batch-wide scale): the previous default's per-prompt
+    # standardisation, a heavier confidence turn, the uniform warm-up
+    "lconf3": ["--lambda_conf", "3"],
+    "prompt_norm_lconf3": ["--confidence_normalization", "answer_then_prompt", "--lambda_conf", "3"],
+    "uniform_warmup": ["--warmup_confidences", "uniform"],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],

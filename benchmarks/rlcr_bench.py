@@ -361,7 +361,7 @@ def with_system_prompt(dataset, system_prompt):
 
 
 def calibration_summary(runs: dict) -> dict:
-    """Final held-out ECE and Brier per method (mean, min, max over seeds) and the per-seed differences."""
+    """Final held-out figures per method (mean, min, max over seeds) and the per-seed differences."""
     summary = {}
     for name, seeded in runs.items():
         for key in ("ece", "brier", "accuracy", "parse_fail_rate", "auroc"):
@@ -370,7 +370,7 @@ def calibration_summary(runs: dict) -> dict:
             summary.setdefault(name, {})[key] = (
                 {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
             )
-    for key in ("ece", "brier"):
+    for key in ("ece", "brier", "auroc", "accuracy"):
         diffs = [m["points"][-1][key] - s["points"][-1][key] for m, s in zip(runs["multi_turn"], runs["single_turn"])]
         summary[f"multi_minus_single_{key}"] = diffs
     return summary
@@ -383,10 +383,11 @@ def plot_calibration(result: dict, path: Path) -> None:
     keys = [
         ("ece", "held-out ECE"),
         ("brier", "held-out Brier"),
+        ("auroc", "held-out AUROC"),
         ("parse_fail_rate", "confidence parse failures"),
         ("accuracy", "held-out accuracy"),
     ]
-    fig = Figure(figsize=(16, 3.8), layout="constrained")
+    fig = Figure(figsize=(19, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     for ax, (key, title) in zip(fig.subplots(1, len(keys)), keys):
         for color, (name, seeded) in zip(("C0", "C1"), result["runs"].items()):
@@ -410,7 +411,7 @@ def plot_calibration(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7)
     fig.suptitle(
-        "RLCR on SmolLM2-135M (CPU) from one format warm-up: multi-turn vs single-turn at equal generated "
+        "RLCR on SmolLM2-135M (CPU), one format warm-up per seed: multi-turn vs single-turn at equal generated "
         "tokens, greedy evaluation on held-out questions",
         fontsize=10,
     )
