@@ -187,8 +187,8 @@ def single_process_cpu_threads(environ: dict[str, str], cores: int) -> int | Non
 
     accelerate's launcher sets `OMP_NUM_THREADS=1` for the processes it starts unless `--cpu` or an accelerate config
     says CPU: without a GPU, `accelerate launch recipes/rlcr.py` would then train on one core of the machine's `cores`
-    (the embedded default's RL step: 24.5 s on one of 2 cores, 19.5 s on both). Several processes (`WORLD_SIZE` > 1)
-    share the cores, and keep accelerate's setting.
+    (the embedded default's RL step: 24.5 s on one of 2 cores, a median of 16.6 s on both). Several processes
+    (`WORLD_SIZE` > 1) share the cores, and keep accelerate's setting.
     """
     launched = "ACCELERATE_DYNAMO_BACKEND" in environ  # set by accelerate's launcher for every process it starts
     if launched and environ.get("WORLD_SIZE", "1") == "1" and environ.get("OMP_NUM_THREADS") == "1" and cores > 1:
