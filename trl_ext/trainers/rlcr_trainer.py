@@ -234,38 +234,21 @@ class RLCRMultiTurnTrainer(
         with scoped_call(self, **scoped):
             return super()._compute_loss(model, inputs)
 
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **kwargs,
-    ):
-        """In the loss forward, run answer rows and confidence rows separately, each cut to its own padding (or pack
-        each family, see `_packed_logps_and_entropies`).
+    def _own_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """Pack each family where `_forward_rows` names them (the loss, and the confidence turn's old and reference
+        passes: see `_packed_logps_and_entropies`); otherwise the loss forward runs answer rows and confidence rows
+        separately, each cut to its own padding (`RowKindForwards`).
 
         A shared micro-batch pads answer rows to the confidence prompts' width (which contain the answer) and
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
-        row of the type uses (`RowKindForwards`, which also keeps the forwards equal across processes).
+        row of the type uses.
         """
-        multimodal = any(value is not None for value in kwargs.values())
-        if self._forward_rows.families is not None and not compute_aux_loss and not multimodal:
+        if self._forward_rows.families is not None:
             return self._packed_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        return super()._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size,
-            compute_entropy,
-            compute_aux_loss,
-            **kwargs,
+        return super()._own_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
         )
 
     def _packed_logps_and_entropies(
@@ -293,7 +276,7 @@ class RLCRMultiTurnTrainer(
             entropies = packed.unpack(outputs.entropy, rows.numel(), logits_to_keep) if compute_entropy else None
             parts.append((logps, entropies))
             order.append(rows)
-        return (*merge_rows(parts, order, logits_to_keep), None)
+        return merge_rows(parts, order, logits_to_keep)
 
     @contextmanager
     def _confidence_turn(self, turn2_prompt_ids, mode):

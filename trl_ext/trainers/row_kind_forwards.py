@@ -46,26 +46,36 @@ class RowKindForwards:
         compute_aux_loss=False,
         **kwargs,
     ):
-        """The loss forward by kind (`_kind_rows` set); every other pass (old and reference log-probs, evaluation,
-        auxiliary losses, multimodal rows) is TRL's."""
-        rows = self._kind_rows
+        """Text-only passes the trainer scores itself (`_own_logps_and_entropies`); every other pass (auxiliary
+        losses, multimodal rows, and whatever the trainer leaves to TRL) is TRL's."""
         multimodal = any(value is not None for value in kwargs.values())
-        if rows is None or compute_aux_loss or multimodal:
-            return super()._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **kwargs,
+        if not compute_aux_loss and not multimodal:
+            own = self._own_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
+            if own is not None:
+                return (*own, None)
+        return super()._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            **kwargs,
+        )
+
+    def _own_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """`(log-probs, entropies or None)` of a text-only pass, or `None` to leave it to TRL: the loss forward by kind
+        (`_kind_rows` set); old and reference log-probs and the evaluation are TRL's. Trainers extend it."""
+        rows = self._kind_rows
+        if rows is None:
+            return None
         kinds = rows.kinds if rows.kinds is not None else torch.full((input_ids.size(0),), self.ROW_KINDS[0])
-        logps, entropies = self._forward_by_kind(
+        return self._forward_by_kind(
             model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, rows.scored
         )
-        return logps, entropies, None
 
     def _forward_by_kind(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, scored=None
