@@ -20,7 +20,8 @@ against single-turn RLCR (answer and confidence in one completion, reward accura
 from one format warm-up that teaches both formats (so that the single-turn baseline states confidences at all), with
 the recipe's learning rate, temperature and step count, and as many generated tokens per step. Both are evaluated
 greedily on the recipe's held-out questions before training and every `--evaluate-every` steps, once per seed in
-`--seeds` (a seed is the whole pipeline: the warm-up is built per seed, as the recipe's `--seed` builds it); curves against cumulative generated tokens, mean and min-max over seeds.
+`--seeds` (a seed is the whole pipeline: the warm-up is built per seed, as the recipe's `--seed` builds it); curves
+against cumulative generated tokens, mean and min-max over seeds.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from trl_ext.evaluation.calibration import brier_score, calibration_report, expe
 from trl_ext.evaluation.greedy import greedy_completions
 from trl_ext.evaluation.rlcr import evaluate_calibration
 from trl_ext.models.logprob_tiles import CPULogprobTiles
-from trl_ext.models.warmup import format_warmup, rlcr_format_examples
+from trl_ext.models.warmup import rlcr_format_examples
 from trl_ext.recipe import write_json
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.rewards.parsing import completion_text
@@ -250,15 +251,9 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
             single_turn_system_prompt=single_turn_prompt,
             confidence_draw=script_args.warmup_confidences,
         )
-        return format_warmup(
-            default_model_path(),
-            examples,
-            learning_rate=script_args.warmup_learning_rate,
-            num_train_epochs=script_args.warmup_epochs,
-            per_device_train_batch_size=script_args.warmup_batch_size,
-            bf16=base_args.bf16,
-            seed=seed,
-        )
+        seeded = deepcopy(base_args)
+        seeded.seed = seed
+        return script_args.build_warmup(default_model_path(), examples, seeded)[0]  # the recipe's build and cache
 
     warmups = {}
     train = train.select(range(n, len(train)))
