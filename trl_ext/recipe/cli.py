@@ -125,7 +125,8 @@ def run_recipe(
         return
     if prepare_argv is not None:
         argv = prepare_argv(argv)
-    argv = cpu_fallback(with_default_config(argv, default_config))
+    has_accelerator = _accelerator_available()
+    argv = cpu_fallback(with_default_config(argv, default_config), has_accelerator)
     # TRL 1.16 (and PEFT) call the model methods transformers 5 renamed (`is_gradient_checkpointing`,
     # `gradient_checkpointing_enable/disable`) around every generation: the warning would name library internals a
     # recipe user cannot change. A config that writes the deprecated `gradient_checkpointing` key still warns.
@@ -136,7 +137,7 @@ def run_recipe(
     )
     parsed = parser.parse_args_and_config(args=argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not _accelerator_available() and (threads := single_process_cpu_threads(os.environ, _cores())):
+    if not has_accelerator and (threads := single_process_cpu_threads(os.environ, _cores())):
         import torch
 
         torch.set_num_threads(threads)
