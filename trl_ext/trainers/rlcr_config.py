@@ -38,7 +38,8 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             KL coefficient of the confidence rows; `None` uses `beta`, which then applies to the answer rows either
             way. A KL anchor on the answers alone (`confidence_beta=0`) holds the answers near the reference while the
             confidence turn's updates, through the weights both turns share, would move them, and leaves the stated
-            confidence free to move. Needs `beta > 0`: TRL loads the reference model only then.
+            confidence free to move; the confidence turn then skips its reference pass. Needs `beta > 0`: TRL loads
+            the reference model only then.
         accuracy_weight (`float`, *optional*, defaults to `1.0`):
             Weight of the built-in accuracy reward in the answer reward. `reward_weights`, as in TRL, has one weight
             per reward function passed to the trainer; the accuracy reward, which the trainer adds, takes this one.

@@ -195,6 +195,12 @@ class RLCRMultiTurnTrainer(
         self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
         self._forward_rows = ForwardRows()  # scoped by the loss and the confidence turn
+        # confidence_beta 0: the confidence rows have no KL term, so their turn skips TRL's reference pass (a no-grad
+        # forward of every confidence row, about 15% of a CPU step at G_c 4); the loss then gives those rows the
+        # policy's own log-probs as reference, a KL of exactly 0 with a zero gradient.
+        self._confidence_reference = not (args.confidence_beta == 0.0 and self.beta != 0.0)
+        # scoped by the loss: (the micro-batch's reference log-probs, the rows that take the policy's)
+        self._reference_fill: tuple[torch.Tensor, torch.Tensor] | None = None
         self._share_prefix = args.share_prefix
         if args.share_prefix and (reason := tree_mask_unsupported(self.model.config)):
             logger.warning(f"share_prefix=True but {reason}: answer and confidence rows are scored one by one.")
@@ -231,6 +237,11 @@ class RLCRMultiTurnTrainer(
             if self.args.confidence_beta is not None and self.beta != 0.0:
                 per_row = torch.where(kinds == CONFIDENCE, self.args.confidence_beta, self.beta)
                 scoped["beta"] = RowBeta(self.beta, per_row)
+            if not self._confidence_reference:
+                # a copy: the micro-batch is reused by later iterations (num_iterations > 1), each filling its own
+                reference = inputs["ref_per_token_logps"].clone()
+                inputs = {**inputs, "ref_per_token_logps": reference}
+                scoped["_reference_fill"] = (reference, kinds == CONFIDENCE)
         with scoped_call(self, **scoped):
             return super()._compute_loss(model, inputs)
 
@@ -242,14 +253,22 @@ class RLCRMultiTurnTrainer(
         A shared micro-batch pads answer rows to the confidence prompts' width (which contain the answer) and
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
         row of the type uses.
+
+        In the loss, rows named by `_reference_fill` take these log-probs (detached) as their reference.
         """
         if self._forward_rows.families is not None:
-            return self._packed_logps_and_entropies(
+            scored = self._packed_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        return super()._own_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
-        )
+        else:
+            scored = super()._own_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
+        if self._reference_fill is not None:
+            reference, rows = self._reference_fill
+            rows = rows.to(reference.device)
+            reference[rows] = scored[0].detach()[rows].to(reference.dtype)
+        return scored
 
     def _packed_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
@@ -287,9 +306,12 @@ class RLCRMultiTurnTrainer(
         siblings = (
             torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
         )
+        # without a KL term on these rows, TRL's reference pass (run when `beta` is non-zero) is skipped
+        no_reference = {} if self._confidence_reference else {"beta": 0.0}
         with (
             scoped_call(
                 self,
+                **no_reference,
                 mode=mode,
                 prefix="confidence",
                 max_new_tokens=args.max_confidence_length,
@@ -392,6 +414,11 @@ class RLCRMultiTurnTrainer(
             confidences = super()._generate_and_score_completions(turn2_inputs)
         confidence_ids = confidence_turn.completion_ids
         brier = confidence_turn.rewards_per_func[:, 0]
+        if not self._confidence_reference:  # NaN until the loss puts the policy's log-probs there (`_compute_loss`)
+            reference = answers["ref_per_token_logps"]
+            confidences["ref_per_token_logps"] = torch.full_like(
+                confidences["completion_mask"], math.nan, dtype=reference.dtype
+            )
 
         # Span masks (loss only), delivered as `tool_mask`.
         answer_mask, answer_closed = self._span_masks(answer_ids, self._answer_span, answers["completion_ids"])

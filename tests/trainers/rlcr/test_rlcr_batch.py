@@ -387,3 +387,36 @@ def test_confidence_beta_weights_the_kl_of_the_confidence_rows(step, tmp_path):
     assert abs(loss(0.0) - uniform) > 1e-3 and abs(loss(0.0) - loss(None, ref=policy)) > 1e-3
     # the KL term is linear in each coefficient
     assert loss(0.2) - loss(0.1) == pytest.approx(loss(0.1) - loss(0.0), abs=1e-5)
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_confidence_beta_0_skips_the_confidence_turns_reference_pass(num_iterations, tmp_path):
+    """With no KL term on the confidence rows, the reference model scores the answers only; those rows' reference
+    log-probs stay NaN in the batch until each loss forward puts the policy's own there: a KL of exactly 0, a finite
+    loss, and the micro-batch kept for the next iteration."""
+    checkpoint = str(tiny_checkpoint(tmp_path / "model", initializer_range=0.5))
+    trainer = make_trainer(
+        tmp_path / "run",
+        model=checkpoint,
+        beta=0.1,
+        confidence_beta=0.0,
+        num_iterations=num_iterations,
+        max_steps=num_iterations,
+    )
+    reference_rows, losses, kls = [], [], []
+    trainer.ref_model.register_forward_pre_hook(
+        lambda m, a, kw: reference_rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    trainer._compute_loss = lambda model, inputs, f=trainer._compute_loss: (
+        losses.append(f(model, inputs)) or losses[-1]
+    )
+    with ScriptedGeneration(trainer, script), BatchRecorder(trainer) as rec:
+        trainer.train()
+        kls = [entry["kl"] for entry in trainer.state.log_history if "kl" in entry]
+    batch = rec.batches[0]
+    confidence_rows = batch["row_kind"] == 1
+    assert reference_rows == [4]  # the 4 answers of the one generation batch; none of the 8 confidence rows
+    assert torch.isnan(batch["ref_per_token_logps"][confidence_rows]).all()
+    assert not torch.isnan(batch["ref_per_token_logps"][~confidence_rows]).any()
+    assert len(losses) == num_iterations and all(torch.isfinite(loss) for loss in losses)
+    assert kls and all(math.isfinite(kl) for kl in kls)
