@@ -237,11 +237,11 @@ class RLCRMultiTurnTrainer(
             if self.args.confidence_beta is not None and self.beta != 0.0:
                 per_row = torch.where(kinds == CONFIDENCE, self.args.confidence_beta, self.beta)
                 scoped["beta"] = RowBeta(self.beta, per_row)
-            if not self._confidence_reference:
-                # a copy: the micro-batch is reused by later iterations (num_iterations > 1), each filling its own
-                reference = inputs["ref_per_token_logps"].clone()
-                inputs = {**inputs, "ref_per_token_logps": reference}
-                scoped["_reference_fill"] = (reference, kinds == CONFIDENCE)
+                if not self._confidence_reference:
+                    # a copy: the micro-batch is reused by later iterations (num_iterations > 1), each filling its own
+                    reference = inputs["ref_per_token_logps"].clone()
+                    inputs = {**inputs, "ref_per_token_logps": reference}
+                    scoped["_reference_fill"] = (reference, kinds == CONFIDENCE)
         with scoped_call(self, **scoped):
             return super()._compute_loss(model, inputs)
 
@@ -415,9 +415,8 @@ class RLCRMultiTurnTrainer(
         confidence_ids = confidence_turn.completion_ids
         brier = confidence_turn.rewards_per_func[:, 0]
         if not self._confidence_reference:  # NaN until the loss puts the policy's log-probs there (`_compute_loss`)
-            reference = answers["ref_per_token_logps"]
             confidences["ref_per_token_logps"] = torch.full_like(
-                confidences["completion_mask"], math.nan, dtype=reference.dtype
+                confidences["completion_mask"], math.nan, dtype=answers["ref_per_token_logps"].dtype
             )
 
         # Span masks (loss only), delivered as `tool_mask`.

@@ -403,7 +403,7 @@ def test_confidence_beta_0_skips_the_confidence_turns_reference_pass(num_iterati
         num_iterations=num_iterations,
         max_steps=num_iterations,
     )
-    reference_rows, losses, kls = [], [], []
+    reference_rows, losses = [], []
     trainer.ref_model.register_forward_pre_hook(
         lambda m, a, kw: reference_rows.append(kw["input_ids"].shape[0]), with_kwargs=True
     )
