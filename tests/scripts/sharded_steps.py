@@ -1,7 +1,8 @@
 """Runs under torchrun: a few scripted training steps of each trainer under each backend, one after another.
 
 Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosync][:eval]`.
-- TRAINER: rlcr (`share_prefix=False`), rlcr_packed (the default `share_prefix=True`), replay, absolute_zero.
+- TRAINER: rlcr (`share_prefix=False`), rlcr_packed (the default `share_prefix=True`), rlcr_kl_answers (packed, `beta`
+  0.1 on the answers, `confidence_beta` 0), replay, absolute_zero.
 - BACKEND: plain (one process, or DDP with several), zero3 (DeepSpeed ZeRO-3, the model loaded from a path into
   partitioned parameters: `zero3_init_flag`), fsdp2 (FSDP2 with `cpu_ram_efficient_loading`: rank 0's weights are
   broadcast as FSDP wraps the model; the other ranks' are perturbed first, so they must not matter).
@@ -202,6 +203,8 @@ def run(config, path):
     build = {
         "rlcr": rlcr_trainer,
         "rlcr_packed": partial(rlcr_trainer, share_prefix=True),
+        # a KL anchor on the answers only: the confidence turn skips its reference pass on every rank
+        "rlcr_kl_answers": partial(rlcr_trainer, share_prefix=True, beta=0.1, confidence_beta=0.0),
         "replay": replay_trainer,
         "absolute_zero": absolute_zero_trainer,
     }[name]
