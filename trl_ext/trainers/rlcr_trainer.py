@@ -198,7 +198,7 @@ class RLCRMultiTurnTrainer(
         # confidence_beta 0: the confidence rows have no KL term, so their turn skips TRL's reference pass (a no-grad
         # forward of every confidence row, about 15% of a CPU step at G_c 4); the loss then gives those rows the
         # policy's own log-probs as reference, a KL of exactly 0 with a zero gradient.
-        self._confidence_reference = not (args.confidence_beta == 0.0 and self.beta != 0.0)
+        self._skip_confidence_reference = args.confidence_beta == 0.0 and self.beta != 0.0
         # scoped by the loss: (the micro-batch's reference log-probs, the rows that take the policy's)
         self._reference_fill: tuple[torch.Tensor, torch.Tensor] | None = None
         self._share_prefix = args.share_prefix
@@ -237,7 +237,7 @@ class RLCRMultiTurnTrainer(
             if self.args.confidence_beta is not None and self.beta != 0.0:
                 per_row = torch.where(kinds == CONFIDENCE, self.args.confidence_beta, self.beta)
                 scoped["beta"] = RowBeta(self.beta, per_row)
-                if not self._confidence_reference:
+                if self._skip_confidence_reference:
                     # a copy: the micro-batch is reused by later iterations (num_iterations > 1), each filling its own
                     reference = inputs["ref_per_token_logps"].clone()
                     inputs = {**inputs, "ref_per_token_logps": reference}
@@ -307,7 +307,7 @@ class RLCRMultiTurnTrainer(
             torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
         )
         # without a KL term on these rows, TRL's reference pass (run when `beta` is non-zero) is skipped
-        no_reference = {} if self._confidence_reference else {"beta": 0.0}
+        no_reference = {"beta": 0.0} if self._skip_confidence_reference else {}
         with (
             scoped_call(
                 self,
@@ -414,7 +414,7 @@ class RLCRMultiTurnTrainer(
             confidences = super()._generate_and_score_completions(turn2_inputs)
         confidence_ids = confidence_turn.completion_ids
         brier = confidence_turn.rewards_per_func[:, 0]
-        if not self._confidence_reference:  # NaN until the loss puts the policy's log-probs there (`_compute_loss`)
+        if self._skip_confidence_reference:  # NaN until the loss puts the policy's log-probs there (`_compute_loss`)
             confidences["ref_per_token_logps"] = torch.full_like(
                 confidences["completion_mask"], math.nan, dtype=answers["ref_per_token_logps"].dtype
             )
