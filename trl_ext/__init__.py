@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .compat import check_trl_version, install_moved_module_aliases
+from .compat import check_trl_version
 
 
 __version__ = "0.1.0.dev0"
 
 check_trl_version()
-install_moved_module_aliases()
 
 # public name -> submodule that defines it
 _LAZY = {

@@ -6,17 +6,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from ..compat import moved_name
 from ..core.learnability import parse_criteria
 from ..core.proposer_rewards import MODES
 from .base_config import TrlExtGRPOConfig
 
 
 PROPOSER_ROWS = ("selected", "all")
-
-
-def __getattr__(name):  # names earlier releases defined here
-    return moved_name(__name__, name)
 
 
 @dataclass
