@@ -59,6 +59,7 @@ from .row_kind_forwards import KindRows, RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
+from .weight_sync import ColocateWeightSync
 
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class AbsoluteZeroTrainer(
     HeldoutEvaluation,
     CollectiveToolRounds,
     VLLMContextLimit,
+    ColocateWeightSync,
     GRPOTrainer,
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.

@@ -52,6 +52,7 @@ from .row_batches import local_rows
 from .scoping import scoped_call, standing_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
+from .weight_sync import ColocateWeightSync
 
 
 @dataclass
@@ -144,6 +145,7 @@ class ReplayGRPOTrainer(
     HeldoutEvaluation,
     RecordsCalls,
     CollectiveToolRounds,
+    ColocateWeightSync,
     GRPOTrainer,
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.

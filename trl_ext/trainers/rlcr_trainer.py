@@ -53,6 +53,7 @@ from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restri
 from .row_kind_forwards import KindRows, RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
+from .weight_sync import ColocateWeightSync
 
 
 ANSWER, CONFIDENCE = 0, 1  # row kinds
@@ -78,6 +79,7 @@ class RLCRMultiTurnTrainer(
     HeldoutEvaluation,
     RecordsCalls,
     VLLMContextLimit,
+    ColocateWeightSync,
     GRPOTrainer,
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
