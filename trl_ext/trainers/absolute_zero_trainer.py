@@ -51,6 +51,7 @@ from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
+from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
@@ -59,7 +60,6 @@ from .row_kind_forwards import KindRows, RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
-from .weight_sync import ColocateWeightSync
 
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class AbsoluteZeroTrainer(
     HeldoutEvaluation,
     CollectiveToolRounds,
     VLLMContextLimit,
-    ColocateWeightSync,
+    GenerationBackends,
     GRPOTrainer,
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.

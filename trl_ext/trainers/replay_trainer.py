@@ -44,6 +44,7 @@ from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off
 from ..evaluation.heldout_metrics import sample_accuracy
 from ..models.logprob_tiles import CPULogprobTiles
 from .call_record import CallRecord, RecordsCalls
+from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation
 from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
@@ -52,7 +53,6 @@ from .row_batches import local_rows
 from .scoping import scoped_call, standing_generation
 from .tool_rounds import CollectiveToolRounds
 from .trainer_state import CheckpointStateMixin
-from .weight_sync import ColocateWeightSync
 
 
 @dataclass
@@ -145,7 +145,7 @@ class ReplayGRPOTrainer(
     HeldoutEvaluation,
     RecordsCalls,
     CollectiveToolRounds,
-    ColocateWeightSync,
+    GenerationBackends,
     GRPOTrainer,
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.

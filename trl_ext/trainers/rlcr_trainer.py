@@ -45,6 +45,7 @@ from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, 
 from ..rewards.verify import verify_answer
 from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
+from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
@@ -53,7 +54,6 @@ from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restri
 from .row_kind_forwards import KindRows, RowKindForwards
 from .scoping import scoped_call, turn_generations, use_turn_generation
 from .trainer_state import CheckpointStateMixin
-from .weight_sync import ColocateWeightSync
 
 
 ANSWER, CONFIDENCE = 0, 1  # row kinds
@@ -79,7 +79,7 @@ class RLCRMultiTurnTrainer(
     HeldoutEvaluation,
     RecordsCalls,
     VLLMContextLimit,
-    ColocateWeightSync,
+    GenerationBackends,
     GRPOTrainer,
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
