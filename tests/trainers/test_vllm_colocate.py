@@ -60,8 +60,12 @@ def train_colocated(name, sleep_mode):
     return trainer, engine, pushed_at
 
 
-@pytest.mark.parametrize("sleep_mode", [True, False], ids=["sleep", "awake"])
-@pytest.mark.parametrize("name", list(TRAINERS))
+# without sleep mode TRL's own step check pushes once per step: checked once, for RLCR
+CASES = [(name, True) for name in TRAINERS] + [("rlcr", False)]
+
+
+@pytest.mark.slow  # two training steps and two evaluations per case
+@pytest.mark.parametrize(("name", "sleep_mode"), CASES, ids=[f"{n}-{'sleep' if s else 'awake'}" for n, s in CASES])
 def test_one_push_per_step_with_evaluation(name, sleep_mode):
     trainer, engine, pushed_at = train_colocated(name, sleep_mode)
     # Steps 0 and 1 train; evaluations run after each optimizer step, at steps 1 and 2. The evaluation at step 1
