@@ -1,6 +1,7 @@
 """vLLM server mode (`LoopbackVLLMServer`, TRL's real `VLLMGeneration` and client): every trainer pushes its weights
 once per optimizer step, however many generation requests a step makes, and with LoRA the pushed weights are the
-merged adapter weights, `W + B @ A * lora_alpha / r`, under the base model's parameter names."""
+merged adapter weights, `W + B @ A * lora_alpha / r`, under the base model's parameter names. The same for LoRA in
+colocate mode with sleep mode (`vllm_colocate_mode`)."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from trl_ext.testing import LoopbackVLLMServer, cpu_test_args, tiny_causal_lm, vllm_server_mode
+from trl_ext.testing.vllm_colocate import vllm_colocate_mode
 from trl_ext.trainers import (
     AbsoluteZeroConfig,
     AbsoluteZeroTrainer,
@@ -114,6 +116,40 @@ def merged_weights(peft_model) -> dict[str, torch.Tensor]:
     return {name.removeprefix("base_model.model."): value.detach().clone() for name, value in weights.items()}
 
 
+def record_pushes(trainer, engine_model, lora: bool) -> list:
+    """Per push: the step, the trainer's weights as vLLM should hold them, and the engine's weights after it."""
+    pushes = []
+    sync_weights = trainer.vllm_generation.sync_weights
+
+    def recorded_sync():
+        sync_weights()
+        expected = (
+            merged_weights(trainer.model)
+            if lora
+            else {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+        )
+        served = {name: p.detach().clone() for name, p in engine_model.named_parameters()}
+        pushes.append((trainer.state.global_step, expected, served))
+
+    trainer.vllm_generation.sync_weights = recorded_sync
+    return pushes
+
+
+def assert_pushed_trained_weights(pushes, lora: bool) -> None:
+    assert [step for step, _, _ in pushes] == [0, 1]
+    for _, expected, served in pushes:
+        assert expected.keys() == served.keys()
+        for name, value in expected.items():
+            torch.testing.assert_close(served[name], value, msg=name)
+    # After one update the second push carries new weights (with LoRA: a non-zero B @ A on the targeted layers).
+    _, first, _ = pushes[0]
+    _, second, _ = pushes[1]
+    changed = {name for name in first if not torch.equal(first[name], second[name])}
+    assert changed
+    if lora:
+        assert changed <= {name for name in first if "q_proj" in name or "v_proj" in name}
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("make", [rlcr, replay, absolute_zero], ids=lambda f: f.__name__)
 def test_one_push_per_step_of_the_trained_weights(tmp_path, make, lora):
@@ -132,33 +168,33 @@ def test_one_push_per_step_of_the_trained_weights(tmp_path, make, lora):
             vllm_server_base_url=server.base_url,
         )
         server.script = script
-        pushes = []  # (step, the trainer's weights as vLLM should hold them, the server's weights after the push)
-        sync_weights = trainer.vllm_generation.sync_weights
-
-        def recorded_sync():
-            sync_weights()
-            expected = (
-                merged_weights(trainer.model)
-                if lora
-                else {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-            )
-            served = {name: p.detach().clone() for name, p in server.model.named_parameters()}
-            pushes.append((trainer.state.global_step, expected, served))
-
-        trainer.vllm_generation.sync_weights = recorded_sync
+        pushes = record_pushes(trainer, server.model, lora)
         trainer.train()
 
-    assert [step for step, _, _ in pushes] == [0, 1] and server.weight_updates == 2
+    assert server.weight_updates == 2
     # RLCR's two turns and Absolute Zero's proposer and solver rounds: several requests share each push
     assert len(server.requests) >= (1 if make is replay else 2) * server.weight_updates
-    for _, expected, served in pushes:
-        assert expected.keys() == served.keys()
-        for name, value in expected.items():
-            torch.testing.assert_close(served[name], value, msg=name)
-    # After one update the second push carries new weights (with LoRA: a non-zero B @ A on the targeted layers).
-    _, first, _ = pushes[0]
-    _, second, _ = pushes[1]
-    changed = {name for name in first if not torch.equal(first[name], second[name])}
-    assert changed
-    if lora:
-        assert changed <= {name for name in first if "q_proj" in name or "v_proj" in name}
+    assert_pushed_trained_weights(pushes, lora)
+
+
+def test_colocated_lora_pushes_the_merged_weights_once_per_step(tmp_path):
+    """The same through TRL's colocate path, in sleep mode (`vllm_colocate_mode`), for RLCR's two turns."""
+    model, tokenizer = tiny_causal_lm()
+    with vllm_colocate_mode(model, tokenizer) as engines:
+        trainer, script = rlcr(
+            tmp_path,
+            model,
+            tokenizer,
+            LoraConfig(**LORA),
+            max_steps=2,
+            learning_rate=0.05,
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_enable_sleep_mode=True,
+        )
+        (engine,) = engines
+        engine.sampler.script = script
+        pushes = record_pushes(trainer, engine.model, lora=True)
+        trainer.train()
+    assert engine.pushes == 2 and len(engine.generations) == 4
+    assert_pushed_trained_weights(pushes, lora=True)

@@ -12,6 +12,7 @@ with `reset_prefix_cache`) and records every call in order, so tests can assert 
 
 from __future__ import annotations
 
+import copy
 import os
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
@@ -137,6 +138,7 @@ def vllm_colocate_mode(model, tokenizer, script=None):
     import trl.generation.vllm_generation as vllm_generation
 
     engines: list[ColocatedLLM] = []
+    model = copy.deepcopy(model)  # as it is now: building a trainer with a peft_config adds LoRA layers to it
 
     def build(**engine_args):
         engines.append(ColocatedLLM(LoopbackVLLMServer(model, tokenizer, script=script), **engine_args))
