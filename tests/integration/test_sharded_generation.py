@@ -55,13 +55,11 @@ def test_two_processes_generate_what_one_does(one_process, two_processes, traine
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_fsdp2_all_gathers_per_token_unless_kept_gathered(two_processes, trainer):
+    # Both ranks run a forward per decoded token until the longest completion of either is done (synced_gpus).
+    first, second = (result[f"{trainer}:fsdp2"]["calls"] for result in two_processes)
+    steps = [max(a["lengths"] + b["lengths"]) for a, b in zip(first, second, strict=True)]
     for result in two_processes:
         resharded, kept = result[f"{trainer}:fsdp2"], result[f"{trainer}:fsdp2_kept"]
-        # Both ranks run a forward per decoded token until the longest completion of either is done (synced_gpus).
-        steps = [
-            max(max(a["lengths"]), max(b["lengths"]))
-            for a, b in zip(*(r[f"{trainer}:fsdp2"]["calls"] for r in two_processes))
-        ]
         for call, decoded in zip(resharded["calls"], steps, strict=True):
             assert call["all_gathers"] >= NUM_LAYERS * decoded  # every layer, every token
         # (transformers' `warning_once` shows it once per process; the script records each call)

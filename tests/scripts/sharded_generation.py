@@ -24,6 +24,7 @@ import torch
 from datasets import Dataset
 from deepspeed_cpu import without_shm_all_reduce
 from sharded_steps import backend_args
+from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig
 
 from trl_ext.testing import cpu_test_args, gloo_sharded_training, tiny_checkpoint, tiny_tokenizer, write_rank_result
@@ -174,7 +175,7 @@ def run(config, path):
         trainer._generate_single_turn = generate
         trainer.train()
     (log,) = [log for log in trainer.state.log_history if "loss" in log]
-    units = [m for m in trainer.model.modules() if type(m).__name__.startswith("FSDP")]
+    units = [m for m in trainer.model.modules() if isinstance(m, FSDPModule)]
     return {
         "world_size": trainer.accelerator.num_processes,
         "engine": "FSDP2" if trainer.is_fsdp_enabled else type(trainer.model_wrapped).__name__,
