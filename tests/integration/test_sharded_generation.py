@@ -43,7 +43,7 @@ def test_two_processes_generate_what_one_does(one_process, two_processes, traine
     # per generate call (answers then confidences; proposals then solutions), rank 0's rows then rank 1's
     assert len(single["calls"]) == len(ranks[0]["calls"]) == len(ranks[1]["calls"])
     for whole, first, second in zip(single["calls"], ranks[0]["calls"], ranks[1]["calls"]):
-        assert first["lengths"] + second["lengths"] == whole["lengths"]
+        assert first["completions"] + second["completions"] == whole["completions"]
     # the first call's completions stop earlier on one rank than on the other
     assert max(ranks[0]["calls"][0]["lengths"]) != max(ranks[1]["calls"][0]["lengths"])
     for rank in ranks:

@@ -1,5 +1,5 @@
 """Runs under torchrun: one training step of each trainer with the model's own `model.generate` (greedy, not
-scripted) under each backend; reports the logged figures and, per generation call, the all-gathers it made.
+scripted) under each backend; reports the logged figures and, per generation call, this rank's completions and the all-gathers it made.
 
 Usage: sharded_generation.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND`.
 - TRAINER: rlcr (answer and confidence turns), replay, absolute_zero (proposer and solver rounds).
@@ -168,8 +168,15 @@ def run(config, path):
         def generate(prompt_ids, *args, **kwargs):
             before = gathers.count
             output = original(prompt_ids, *args, **kwargs)
-            lengths = [len(ids) for ids in output[0]]
-            calls.append({"rows": len(prompt_ids), "lengths": lengths, "all_gathers": gathers.count - before})
+            completions = [[int(t) for t in ids] for ids in output[0]]
+            calls.append(
+                {
+                    "rows": len(prompt_ids),
+                    "completions": completions,
+                    "lengths": [len(ids) for ids in completions],
+                    "all_gathers": gathers.count - before,
+                }
+            )
             return output
 
         trainer._generate_single_turn = generate
