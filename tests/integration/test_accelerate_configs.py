@@ -15,6 +15,7 @@ EXPECTED = {
     "zero2.yaml": (DistributedType.DEEPSPEED, 8),
     "zero3.yaml": (DistributedType.DEEPSPEED, 8),
     "fsdp2.yaml": (DistributedType.FSDP, 8),
+    "fsdp2_generation.yaml": (DistributedType.FSDP, 8),
 }
 
 
@@ -31,8 +32,10 @@ def test_config_loads_with_accelerate(name):
     assert config.mixed_precision == "bf16" and not config.use_cpu
     if name.startswith("zero"):
         assert config.deepspeed_config["zero_stage"] == int(name[4])
-    if name == "fsdp2.yaml":
+    if name.startswith("fsdp2"):
         assert config.fsdp_config["fsdp_version"] == 2
+        # kept gathered after the forward: generation all-gathers once per step, not once per token
+        assert config.fsdp_config["fsdp_reshard_after_forward"] == (name == "fsdp2.yaml")
     # What `accelerate launch --config_file` does with it before spawning anything
     args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / name), "recipes/rlcr.py"])
     args, _, _ = _validate_launch_command(args)

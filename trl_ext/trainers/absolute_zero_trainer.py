@@ -51,6 +51,7 @@ from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
+from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
@@ -144,6 +145,7 @@ class AbsoluteZeroTrainer(
     HeldoutEvaluation,
     CollectiveToolRounds,
     VLLMContextLimit,
+    GenerationBackends,
     GRPOTrainer,
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.

@@ -44,6 +44,7 @@ from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off
 from ..evaluation.heldout_metrics import sample_accuracy
 from ..models.logprob_tiles import CPULogprobTiles
 from .call_record import CallRecord, RecordsCalls
+from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation
 from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
@@ -144,6 +145,7 @@ class ReplayGRPOTrainer(
     HeldoutEvaluation,
     RecordsCalls,
     CollectiveToolRounds,
+    GenerationBackends,
     GRPOTrainer,
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.

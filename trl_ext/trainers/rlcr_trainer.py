@@ -45,6 +45,7 @@ from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, 
 from ..rewards.verify import verify_answer
 from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
+from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation, nan_to_none
 from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
 from .model_card import ModelCardMixin
@@ -78,6 +79,7 @@ class RLCRMultiTurnTrainer(
     HeldoutEvaluation,
     RecordsCalls,
     VLLMContextLimit,
+    GenerationBackends,
     GRPOTrainer,
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
