@@ -106,6 +106,7 @@ EVALUATION_SETTINGS = (
     "rlcr_paper_metrics",
     # which rows
     "num_eval_samples",
+    "eval_split",
     "question_column",
     "answer_column",
     "answer_delimiter",
