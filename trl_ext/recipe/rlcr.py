@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import get_peft_config
 
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
+from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing
@@ -67,6 +68,11 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             How the warm-up's stated confidences are drawn (never from the question): `"weighted"`, mostly high as
             instruction-tuned models state confidence; `"uniform"`, every tenth equally likely, so that RL starts
             from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit.
+        group_column (`str`, *optional*, defaults to `"level"`):
+            The held-out rows' column that groups the questions (the built-in data's difficulty level, or a column of
+            your file). The report then adds the AUROC within groups (right/wrong pairs of the same group only) and
+            the Brier skill against each group's accuracy: what the stated confidence knows beyond the group. Rows
+            without the column get no group metrics.
     """
 
     warmup_confidences: str = field(
@@ -84,6 +90,13 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         metadata={
             "help": "Also report calibration in the RLCR paper's convention (bin edges to the upper bin, "
             "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."
+        },
+    )
+    group_column: str | None = field(
+        default="level",
+        metadata={
+            "help": "Held-out rows' column grouping the questions (the built-in data's level): AUROC within groups "
+            "and Brier skill against each group's accuracy. Rows without it: no group metrics."
         },
     )
 
@@ -104,6 +117,7 @@ EVALUATION_SETTINGS = (
     "confidence_tag",
     "lenient_parsing",
     "rlcr_paper_metrics",
+    "group_column",
     # which rows
     "num_eval_samples",
     "eval_split",
@@ -150,14 +164,25 @@ def reuse_evaluation_settings(argv: list[str]) -> list[str]:
 
 
 def write_evaluation(result, output_dir, name):
-    """`reliability_<name>.png`, and every answer and confidence in `eval_<name>.json`."""
+    """`reliability_<name>.png`, the metrics with their intervals in `eval_<name>.json`, and every question, answer
+    and confidence in `eval_<name>.jsonl` (one line per answer)."""
     output_dir = Path(output_dir)
     reliability_diagram(
         result.report,
         output_dir / f"reliability_{name}.png",
-        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}",
+        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}"
+        + _group_caption(result.report),
     )
-    write_json(output_dir / f"eval_{name}.json", result.rows)
+    write_json(output_dir / f"eval_{name}.json", result.to_dict())
+    write_jsonl(output_dir / f"eval_{name}.jsonl", result.rows)
+
+
+def _group_caption(report) -> str:
+    """The plot title's second line: what a constant or a group-only confidence would not score."""
+    line = f"\nBrier skill {_num(report.brier_skill)}"
+    if report.auroc_within_groups is not None:
+        line += f", AUROC within groups {_num(report.auroc_within_groups)}"
+    return line
 
 
 def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False):
@@ -169,10 +194,10 @@ def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reus
     k = trainer.args.eval_num_samples
     golds = evaluation[trainer.args.solution_column]
     rows = [
-        {"gold": None if is_missing(golds[i // k]) else str(golds[i // k]), **record}
+        {**record, "gold": None if is_missing(golds[i // k]) else str(golds[i // k])}
         for i, record in enumerate(trainer.heldout_records)
     ]
-    result = calibration_evaluation(rows, rlcr_paper_convention=rlcr_paper_metrics)
+    result = calibration_evaluation(rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed)
     if trainer.accelerator.is_main_process:
         write_evaluation(result, trainer.args.output_dir, name)
     return result
@@ -190,6 +215,12 @@ def card_results(report):
                     f"ECE ({name})": r.report.ece,
                     f"Brier ({name})": r.report.brier,
                     f"AUROC ({name})": r.report.auroc,
+                    f"Brier skill ({name})": r.report.brier_skill,
+                    **(
+                        {f"AUROC within groups ({name})": r.report.auroc_within_groups}
+                        if r.report.auroc_within_groups is not None
+                        else {}
+                    ),
                 }
             )
     return results
@@ -198,6 +229,31 @@ def card_results(report):
 def _num(value):
     """3 decimals; n/a when undefined (AUROC without both classes, any metric without a parsed confidence)."""
     return "n/a" if value is None or value != value else f"{value:.3f}"
+
+
+def _ci(report, name, value) -> str:
+    """A metric with its bootstrap 95% interval when the report has one: `0.500 [0.430, 0.570]`."""
+    interval = report.intervals.get(name)
+    return _num(value) + (f" [{_num(interval[0])}, {_num(interval[1])}]" if interval else "")
+
+
+def metrics_line(result, indent: str = "") -> str:
+    """Accuracy, ECE, Brier, AUROC, Brier skill (and within groups) with their intervals, on two lines."""
+    r = result.report
+    accuracy = _num(result.accuracy)
+    if result.accuracy_interval:
+        accuracy += f" [{_num(result.accuracy_interval[0])}, {_num(result.accuracy_interval[1])}]"
+    line = (
+        f"accuracy {accuracy}  ECE {_ci(r, 'ece', r.ece)}  Brier {_ci(r, 'brier', r.brier)}  "
+        f"AUROC {_ci(r, 'auroc', r.auroc)}  confidence parse failures {result.confidence_parse_fail_rate:.0%}"
+        f"\n{indent}Brier skill {_ci(r, 'brier_skill', r.brier_skill)}"
+    )
+    if r.auroc_within_groups is not None:
+        line += (
+            f"  AUROC within groups {_ci(r, 'auroc_within_groups', r.auroc_within_groups)}  Brier skill against "
+            f"the groups' accuracies {_ci(r, 'brier_skill_groups', r.brier_skill_groups)}"
+        )
+    return line
 
 
 def _paper_line(result):
@@ -241,11 +297,9 @@ def summary(report, output_dir, seconds):
     for key, label in names.items():
         if key in report:
             r = report[key]
-            lines.append(
-                f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
-                f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
-                f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}"
-            )
+            lines.append(f"{label:>38}: {metrics_line(r, ' ' * 40)}{_paper_line(r)}")
+    if lines:
+        lines.append(f"{'':>40}(bootstrap 95% intervals in brackets)")
     lines.append(time_summary(seconds))
     lines.append(f"report and plots in {output_dir}:")
     lines += [f"  {name}: {what}" for name, what in PLOTS.items() if (Path(output_dir) / name).is_file()]
@@ -285,6 +339,7 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+    trainer.heldout_group_column = script_args.group_column
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
     # model is then evaluated after training only.
     before_log = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
@@ -300,6 +355,7 @@ def main(script_args, training_args, model_args):
                 training_args,
                 batch_size=training_args.per_device_eval_batch_size,
                 rlcr_paper_convention=script_args.rlcr_paper_metrics,
+                group_column=script_args.group_column,
             )
             write_evaluation(report["base"], output_dir, "base")
             del base
@@ -324,7 +380,14 @@ def main(script_args, training_args, model_args):
             plot_reliability_diagrams(
                 {k: report[k].report for k in ("before", "after")},
                 output_dir / "reliability_before_after.png",
-                title="RLCR: before vs after RL",
+                title="RLCR: before vs after RL (held-out; Brier skill "
+                f"{_num(report['before'].report.brier_skill)} -> {_num(report['after'].report.brier_skill)}"
+                + (
+                    f", AUROC within groups {_num(report['before'].report.auroc_within_groups)} -> "
+                    f"{_num(report['after'].report.auroc_within_groups)})"
+                    if report["after"].report.auroc_within_groups is not None
+                    else ")"
+                ),
             )
         plot_learning_curves(
             history, CURVES, output_dir / "learning_curves.png", title="RLCR training (per logging step)"
@@ -358,6 +421,7 @@ def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
     trainer = RLCRMultiTurnTrainer(
         model=model_path, args=training_args, train_dataset=evaluation, processing_class=tokenizer
     )
+    trainer.heldout_group_column = script_args.group_column
     if parameters_sharded(trainer):
         raise ValueError(
             "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
@@ -370,7 +434,4 @@ def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
     write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
     if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
         write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
-    print(
-        f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
-        f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
-    )
+    print(f"{metrics_line(result)}{_paper_line(result)}\n(bootstrap 95% intervals in brackets) -> {output_dir}")
