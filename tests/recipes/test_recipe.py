@@ -183,6 +183,8 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
         "--model_name_or_path",
         model,
         "--rlcr_paper_metrics",
+        "--agreement_samples",
+        "2",
         *common,
     ]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
@@ -196,6 +198,9 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     assert metrics["rlcr_paper"]["convention"] == "rlcr_paper"
     assert metrics["rlcr_paper"]["mean_confidence"] == pytest.approx(sum(r["confidence"] or 0 for r in rows) / 4)
     assert "RLCR paper's convention: ECE" in proc.stdout
+    agreement = metrics["sampling_agreement"]  # the untrained reference: 2 sampled answers per question
+    assert agreement["samples_per_question"] == 2 and 0 < agreement["generated_tokens"] <= 4 * 2 * 8
+    assert all(r["agreement"] in (0.0, 0.5, 1.0) for r in rows) and "sampling agreement of 2 answers" in proc.stdout
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import get_peft_config
 
+from ..evaluation.agreement import sampling_agreement
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
 from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
@@ -68,6 +69,11 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             How the warm-up's stated confidences are drawn (never from the question): `"weighted"`, mostly high as
             instruction-tuned models state confidence; `"uniform"`, every tenth equally likely, so that RL starts
             from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit.
+        agreement_samples (`int`, *optional*, defaults to `0`):
+            With k > 0, every report evaluation also samples k answers per held-out question at temperature 1 and
+            scores the share that agree with the greedy answer as a confidence: the untrained reference point beside
+            the stated confidence, with its cost in generated tokens (`sampling_agreement` in the report). About k
+            times the answers' generation time; greedy evaluations in one process only.
         group_column (`str`, *optional*, defaults to `"level"`):
             The held-out rows' column that groups the questions (the built-in data's difficulty level, or a column of
             your file). The report then adds the AUROC within groups (right/wrong pairs of the same group only) and
@@ -92,6 +98,13 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."
         },
     )
+    agreement_samples: int = field(
+        default=0,
+        metadata={
+            "help": "Also score the held-out answers with the model's sampling agreement (k answers sampled at "
+            "temperature 1, the share agreeing with the greedy one) as an untrained reference; 0: off."
+        },
+    )
     group_column: str | None = field(
         default="level",
         metadata={
@@ -99,6 +112,12 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "and Brier skill against each group's accuracy. Rows without it: no group metrics."
         },
     )
+
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.agreement_samples < 0:
+            raise ValueError(f"--agreement_samples must be 0 (off) or more (got {self.agreement_samples}).")
 
 
 # What a reported evaluation depends on beyond the model: written to `evaluation_settings.json` with the model, and
@@ -118,6 +137,7 @@ EVALUATION_SETTINGS = (
     "lenient_parsing",
     "rlcr_paper_metrics",
     "group_column",
+    "agreement_samples",
     # which rows
     "num_eval_samples",
     "eval_split",
@@ -185,10 +205,11 @@ def _group_caption(report) -> str:
     return line
 
 
-def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False):
+def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, agreement_samples=0):
     """The held-out evaluation of the trainer's model (`trainer.evaluate()`, a collective: every process calls it) as
     a calibration report; the main process writes its files. `reuse_last`: the model was evaluated last at this step
-    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again."""
+    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again.
+    `agreement_samples`: also the sampling agreement of the greedy answers (`--agreement_samples`)."""
     if not reuse_last:
         trainer.evaluate(evaluation)
     k = trainer.args.eval_num_samples
@@ -197,10 +218,43 @@ def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reus
         {**record, "gold": None if is_missing(golds[i // k]) else str(golds[i // k])}
         for i, record in enumerate(trainer.heldout_records)
     ]
-    result = calibration_evaluation(rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed)
+    cost = None
+    if agreement_samples:
+        cost = add_sampling_agreement(trainer, evaluation, rows, agreement_samples)
+    result = calibration_evaluation(
+        rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed, agreement_cost=cost
+    )
     if trainer.accelerator.is_main_process:
         write_evaluation(result, trainer.args.output_dir, name)
     return result
+
+
+def add_sampling_agreement(trainer, evaluation, rows, k) -> dict:
+    """Each row's `agreement`: the share of k answers sampled at temperature 1 (the trainer's model, its prompt
+    rendering) that agree with the row's greedy answer; returns the cost (`samples_per_question`,
+    `generated_tokens`)."""
+    args = trainer.args
+    if trainer.accelerator.num_processes > 1 or args.eval_num_samples != 1 or args.eval_temperature > 0:
+        raise ValueError(
+            "--agreement_samples needs a greedy evaluation (--eval_num_samples 1, --eval_temperature 0) in one "
+            "process; run the evaluation without accelerate's multi-process launch, or set --agreement_samples 0."
+        )
+    prompt_ids = trainer._heldout_prompt_ids(list(evaluation["prompt"]))
+    shares, tokens = sampling_agreement(
+        trainer.accelerator.unwrap_model(trainer.model),
+        trainer.processing_class,
+        prompt_ids,
+        [row["answer"] for row in rows],
+        k,
+        args.max_completion_length,
+        args.answer_tag,
+        args.lenient_parsing,
+        batch_size=max(1, 200 // k),
+        seed=args.seed,
+    )
+    for row, share in zip(rows, shares, strict=True):
+        row["agreement"] = share
+    return {"samples_per_question": k, "generated_tokens": tokens}
 
 
 def card_results(report):
@@ -253,6 +307,16 @@ def metrics_line(result, indent: str = "") -> str:
             f"  AUROC within groups {_ci(r, 'auroc_within_groups', r.auroc_within_groups)}  Brier skill against "
             f"the groups' accuracies {_ci(r, 'brier_skill_groups', r.brier_skill_groups)}"
         )
+    a = result.agreement_report
+    if a is not None:
+        cost = result.agreement_cost or {}
+        line += (
+            f"\n{indent}reference, sampling agreement of {cost.get('samples_per_question')} answers at temperature 1 "
+            f"({cost.get('generated_tokens')} generated tokens): AUROC {_ci(a, 'auroc', a.auroc)}  Brier skill "
+            f"{_ci(a, 'brier_skill', a.brier_skill)}"
+        )
+        if a.auroc_within_groups is not None:
+            line += f"  AUROC within groups {_ci(a, 'auroc_within_groups', a.auroc_within_groups)}"
     return line
 
 
@@ -356,10 +420,17 @@ def main(script_args, training_args, model_args):
                 batch_size=training_args.per_device_eval_batch_size,
                 rlcr_paper_convention=script_args.rlcr_paper_metrics,
                 group_column=script_args.group_column,
+                agreement_samples=script_args.agreement_samples,
             )
             write_evaluation(report["base"], output_dir, "base")
             del base
-        report["before"] = heldout_evaluation(trainer, evaluation, "before", script_args.rlcr_paper_metrics)
+        report["before"] = heldout_evaluation(
+            trainer,
+            evaluation,
+            "before",
+            script_args.rlcr_paper_metrics,
+            agreement_samples=script_args.agreement_samples,
+        )
         before_log = [trainer.state.log_history[-1]]
         seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
@@ -372,7 +443,9 @@ def main(script_args, training_args, model_args):
     if evaluation is not None:
         clock = time.monotonic()
         reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
-        report["after"] = heldout_evaluation(trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse)
+        report["after"] = heldout_evaluation(
+            trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse, script_args.agreement_samples
+        )
         seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
     history = before_log + trainer.state.log_history
     if trainer.accelerator.is_main_process:
@@ -427,7 +500,9 @@ def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
             "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
             "launch it without the sharded accelerate config."
         )
-    result = heldout_evaluation(trainer, evaluation, "eval", script_args.rlcr_paper_metrics)
+    result = heldout_evaluation(
+        trainer, evaluation, "eval", script_args.rlcr_paper_metrics, agreement_samples=script_args.agreement_samples
+    )
     if not trainer.accelerator.is_main_process:
         return
     output_dir = Path(training_args.output_dir)
