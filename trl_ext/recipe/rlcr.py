@@ -113,7 +113,6 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         },
     )
 
-
     def __post_init__(self):
         super().__post_init__()
         if self.agreement_samples < 0:
