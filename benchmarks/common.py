@@ -109,6 +109,39 @@ def write_result(path, payload: dict, seeds=None, records: list[dict] | None = N
     return path
 
 
+def merge_results(results: dict[str, dict]) -> dict:
+    """Results of runs that belong together (`file name -> result JSON`), each a dict of `runs` (name -> entry) plus
+    settings, as one result: the runs' union (a name in two files is an error: rename one run), the settings they
+    share, and per file its provenance and the settings it does not share (`merged_from`)."""
+    if not results:
+        raise ValueError("merge_results needs at least one result.")
+    seen = {}
+    runs = {}
+    for file, result in results.items():
+        for name, entry in result.get("runs", {}).items():
+            if name in seen:
+                raise ValueError(f"run {name!r} is in both {seen[name]} and {file}: rename one before merging.")
+            seen[name] = file
+            runs[name] = entry
+    own = ("runs", "provenance", "records_file")
+    keys = {key for result in results.values() for key in result if key not in own}
+    shared = {
+        key: next(iter(results.values()))[key]
+        for key in sorted(keys)
+        if all(key in r for r in results.values())
+        and all(r[key] == next(iter(results.values()))[key] for r in results.values())
+    }
+    merged_from = [
+        {
+            "file": file,
+            "provenance": result.get("provenance"),
+            **{key: value for key, value in result.items() if key not in own and key not in shared},
+        }
+        for file, result in results.items()
+    ]
+    return {**shared, "runs": runs, "merged_from": merged_from}
+
+
 def load_model(path=None):
     """A checkpoint (default: the embedded SmolLM2-135M-Instruct) with its tokenizer: float32 on CPU, bfloat16 with
     SDPA attention on CUDA."""
