@@ -248,7 +248,7 @@ def add_sampling_agreement(trainer, evaluation, rows, k) -> dict:
         args.max_completion_length,
         args.answer_tag,
         args.lenient_parsing,
-        batch_size=max(1, 200 // k),
+        batch_size=max(1, 200 // k),  # about 200 sampled rows per generation call, as the held-out batch
         seed=args.seed,
     )
     for row, share in zip(rows, shares, strict=True):
