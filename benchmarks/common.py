@@ -1,13 +1,19 @@
-"""What the benchmark scripts share: the embedded default model, fixed-length scripted completions, and step times
+"""What the benchmark scripts share: the embedded default model, fixed-length scripted completions, step times
 measured with the compared configurations interleaved (A B A B ...), so that load on a shared machine lands on every
-configuration alike."""
+configuration alike, and the results' writer: every result JSON records its provenance (commit, package versions,
+device, command line, seeds), and an evaluation's per-sample records go beside it as JSONL."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
+import platform
 import random
+import shlex
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -39,6 +45,103 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if on_cuda() else "CPU"
 
 
+PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "trl-ext")
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, with `-dirty` when tracked files differ from it; None outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def provenance(seeds=None, argv: list[str] | None = None) -> dict:
+    """What a result depends on beyond its numbers: the commit, the package versions, the device, the command line
+    and the seeds."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    argv = sys.argv if argv is None else argv
+    return {
+        "commit": git_commit(),
+        "packages": versions,
+        "python": platform.python_version(),
+        "device": device_name(),
+        "cuda": torch.version.cuda if on_cuda() else None,
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "command": shlex.join([Path(sys.executable).name, *argv]),
+        "seeds": seeds,
+    }
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def write_result(path, payload: dict, seeds=None, records: list[dict] | None = None) -> Path:
+    """`payload` as JSON at `path` with its `provenance`, and `records` (one dict per evaluated sample) as JSONL
+    beside it (`<name>.jsonl`), named in the JSON under `records_file`."""
+    from trl_ext.evaluation.records import write_jsonl
+    from trl_ext.recipe import write_json
+
+    path = Path(path)
+    payload = {**payload, "provenance": provenance(seeds)}
+    if records is not None:
+        payload["records_file"] = path.with_suffix(".jsonl").name
+        write_jsonl(path.with_suffix(".jsonl"), records)
+    write_json(path, payload)
+    return path
+
+
+def merge_results(results: dict[str, dict]) -> dict:
+    """Results of runs that belong together (`file name -> result JSON`), each a dict of `runs` (name -> entry) plus
+    settings, as one result: the runs' union (a name in two files is an error: rename one run), the settings they
+    share, and per file its provenance and the settings it does not share (`merged_from`)."""
+    if not results:
+        raise ValueError("merge_results needs at least one result.")
+    seen = {}
+    runs = {}
+    for file, result in results.items():
+        for name, entry in result.get("runs", {}).items():
+            if name in seen:
+                raise ValueError(f"run {name!r} is in both {seen[name]} and {file}: rename one before merging.")
+            seen[name] = file
+            runs[name] = entry
+    own = ("runs", "provenance", "records_file")
+    keys = {key for result in results.values() for key in result if key not in own}
+    shared = {
+        key: next(iter(results.values()))[key]
+        for key in sorted(keys)
+        if all(key in r for r in results.values())
+        and all(r[key] == next(iter(results.values()))[key] for r in results.values())
+    }
+    merged_from = [
+        {
+            "file": file,
+            "provenance": result.get("provenance"),
+            **{key: value for key, value in result.items() if key not in own and key not in shared},
+        }
+        for file, result in results.items()
+    ]
+    return {**shared, "runs": runs, "merged_from": merged_from}
+
+
 def load_model(path=None):
     """A checkpoint (default: the embedded SmolLM2-135M-Instruct) with its tokenizer: float32 on CPU, bfloat16 with
     SDPA attention on CUDA."""
@@ -48,9 +151,9 @@ def load_model(path=None):
     return model, AutoTokenizer.from_pretrained(path)
 
 
-def rlcr_cpu_run():
+def rlcr_cpu_run(flags: tuple[str, ...] = ()):
     """`(script args, training args, train, evaluation)` of `accelerate launch recipes/rlcr.py` on the embedded
-    default: its config parsed and its datasets built as the recipe does."""
+    default with `flags` (e.g. `--eval_split tune`): its config parsed and its datasets built as the recipe does."""
     from trl_ext.recipe import with_default_config
     from trl_ext.recipe.data import datasets_for
     from trl_ext.recipe.rlcr import RLCRScriptArguments
@@ -58,7 +161,7 @@ def rlcr_cpu_run():
 
     parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
     script_args, training_args, _ = parser.parse_args_and_config(
-        args=with_default_config(["--output_dir", tempfile.mkdtemp()], RLCR_CPU_CONFIG)
+        args=with_default_config(["--output_dir", tempfile.mkdtemp(), *flags], RLCR_CPU_CONFIG)
     )
     return (script_args, training_args, *datasets_for(script_args, training_args))
 

@@ -6,10 +6,13 @@ held-out greedy evaluation before and after RL.
     python benchmarks/rlcr_ablation.py --only base,gc4 -- --max_steps 48 --num_eval_samples 100
     python benchmarks/rlcr_ablation.py --only base,kl_answers0.5 --seeds 42,1   # each variant once per seed
 
-Arguments after `--` go to every run (they override the recipe's YAML). Results: benchmarks/results/
-rlcr_ablation_<tag>.json (per variant: its flags, before/after accuracy, ECE, Brier, AUROC, mean confidence,
-confidence-bin counts, and the training log) and .png (AUROC after against the accuracy change; shaded: AUROC
->= 0.65).
+Arguments after `--` go to every run (they override the recipe's YAML). Every run evaluates on the built-in data's
+tune split (`--eval_split tune`, unless given after `--`): settings are chosen there, never on the report split.
+Results: benchmarks/results/rlcr_ablation_<tag>.json (per variant: its flags, before/after accuracy, ECE, Brier,
+AUROC, Brier skill, AUROC within levels, skill against the levels' accuracies, their bootstrap 95% intervals, mean
+confidence, confidence-bin counts, and the training log; the provenance: commit, packages, device, command line,
+seeds), .jsonl beside it (every evaluated answer of every run: run, before/after, question, level, answer, correct,
+stated confidence) and .png (AUROC after against the accuracy change; shaded: AUROC >= 0.65).
 """
 
 from __future__ import annotations
@@ -23,10 +26,26 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import write_result
+
+from trl_ext.evaluation.records import read_jsonl
+
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
-METRICS = ("accuracy", "ece", "brier", "auroc", "mean_confidence", "confidence_parse_fail_rate")
+METRICS = (
+    "accuracy",
+    "ece",
+    "brier",
+    "auroc",
+    "brier_skill",
+    "auroc_within_groups",
+    "brier_skill_groups",
+    "mean_confidence",
+    "confidence_parse_fail_rate",
+    "accuracy_all_interval",
+    "intervals",
+)
 LOGGED = ("step", "kl", "answer/", "calibration/", "confidence/")  # the training-log columns kept per step
 _LORA = ["--use_peft", "true", "--lora_r", "16", "--lora_alpha", "32"]
 _PROMPT_NORM_KL = ["--confidence_normalization", "answer_then_prompt", "--beta", "0.5", "--confidence_beta", "0"]
@@ -143,6 +162,12 @@ def read_run(name: str, flags: list[str], returncode: int, workdir: Path) -> dic
     for key in ("before", "after"):
         entry[key] = {k: report[key].get(k) for k in METRICS}
         entry[key]["bin_counts"] = [b["count"] for b in report[key]["bins"]]
+    entry["records"] = [
+        {"run": name, "evaluation": key, **record}
+        for key in ("before", "after")
+        if (workdir / name / f"eval_{key}.jsonl").is_file()
+        for record in read_jsonl(workdir / name / f"eval_{key}.jsonl")
+    ]
     entry["seconds"] = report.get("seconds")
     entry["train_log"] = [
         {k: v for k, v in row.items() if k.startswith(LOGGED)} for row in report.get("train_log", [])
@@ -160,7 +185,9 @@ def summary_line(entry: dict) -> str:
     b, a = entry["before"], entry["after"]
     return (
         f"accuracy {_fmt(b['accuracy'])} -> {_fmt(a['accuracy'])}, ECE {_fmt(b['ece'])} -> {_fmt(a['ece'])}, "
-        f"AUROC {_fmt(b['auroc'])} -> {_fmt(a['auroc'])}, confidence bins {a['bin_counts']}"
+        f"AUROC {_fmt(b['auroc'])} -> {_fmt(a['auroc'])}, within levels {_fmt(b['auroc_within_groups'])} -> "
+        f"{_fmt(a['auroc_within_groups'])}, Brier skill {_fmt(b['brier_skill'])} -> {_fmt(a['brier_skill'])}, "
+        f"confidence bins {a['bin_counts']}"
     )
 
 
@@ -207,9 +234,15 @@ def main(argv=None):
         parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     RESULTS.mkdir(exist_ok=True)
 
+    if "--eval_split" not in extra:
+        extra = [*extra, "--eval_split", "tune"]
+
     def save(runs):
+        records = [record for entry in runs.values() for record in entry.get("records", [])]
+        runs = {name: {k: v for k, v in entry.items() if k != "records"} for name, entry in runs.items()}
         result = {"tag": args.tag, "extra_flags": extra, "runs": runs}
-        (RESULTS / f"rlcr_ablation_{args.tag}.json").write_text(json.dumps(result, indent=1))
+        seeds = args.seeds.split(",") if args.seeds else "each variant's own (the recipe's --seed)"
+        write_result(RESULTS / f"rlcr_ablation_{args.tag}.json", result, seeds=seeds, records=records)
         plot(result, RESULTS / f"rlcr_ablation_{args.tag}.png")
 
     with tempfile.TemporaryDirectory() as workdir:

@@ -2,8 +2,11 @@
 
     python benchmarks/rlcr_bench.py overhead      # step time vs plain GRPOTrainer on the same generated tokens
     python benchmarks/rlcr_bench.py calibration   # ECE/Brier per step: multi-turn RLCR vs single-turn RLCR
+    python benchmarks/rlcr_bench.py calibration --split report   # the published run: the report split
 
-Results: benchmarks/results/rlcr_<part>.json and .png.
+Results: benchmarks/results/rlcr_<part>.json and .png (calibration on the tune split: rlcr_calibration_tune.*), each
+JSON with its provenance (commit, packages, device, command line, seeds); calibration's final evaluations' per-sample
+records (method, seed, question, level, answer, correct, stated confidence, sampling agreement) in the .jsonl beside.
 
 overhead: both trainers get scripted completions of fixed lengths (generation cost is identical by construction and
 excluded), so the ratio measures what RLCR adds per step: the second scoring pass, turn-2 prompts (longer: they
@@ -21,7 +24,12 @@ from one format warm-up that teaches both formats (so that the single-turn basel
 the recipe's learning rate, temperature and step count, and as many generated tokens per step. Both are evaluated
 greedily on the recipe's held-out questions before training and every `--evaluate-every` steps, once per seed in
 `--seeds` (a seed is the whole pipeline: the warm-up is built per seed, as the recipe's `--seed` builds it); curves
-against cumulative generated tokens, mean and min-max over seeds.
+against cumulative generated tokens, mean and min-max over seeds. The held-out questions are the built-in data's
+`--split` (`tune` by default: choose settings there; `report` only for the published numbers). Beside accuracy, ECE,
+Brier and AUROC: the Brier skill against the best constant and, within difficulty levels, the AUROC and the skill
+against each level's accuracy (a confidence that only reads the level scores 0.5 and 0), with bootstrap 95%
+intervals at the final evaluation, and the untrained reference: the sampling agreement of `--agreement-samples`
+answers at temperature 1 with the greedy answer, and its cost in generated tokens.
 """
 
 from __future__ import annotations
@@ -45,18 +53,20 @@ from common import (
     plot_step_times,
     rlcr_cpu_run,
     summarize,
+    write_result,
 )
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import default_model_path
 from trl_ext.data import graded_arithmetic
-from trl_ext.evaluation.calibration import brier_score, calibration_report, expected_calibration_error
+from trl_ext.evaluation.agreement import sampling_agreement
+from trl_ext.evaluation.calibration import brier_score, expected_calibration_error
 from trl_ext.evaluation.greedy import greedy_completions
-from trl_ext.evaluation.rlcr import evaluate_calibration
+from trl_ext.evaluation.records import prompt_text
+from trl_ext.evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from trl_ext.models.logprob_tiles import CPULogprobTiles
 from trl_ext.models.warmup import rlcr_format_examples
-from trl_ext.recipe import write_json
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.rewards.parsing import completion_text
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
@@ -178,49 +188,64 @@ def single_turn_rlcr_reward():
 
 
 @torch.no_grad()
-def evaluate_single_turn(model, tokenizer, dataset, max_new_tokens: int) -> dict:
+def evaluate_single_turn(model, tokenizer, dataset, max_new_tokens: int, agreement_samples: int = 0, seed: int = 0):
     """Greedy single-turn replies, the answer and the confidence read from the same completion, scored as the
-    multi-turn evaluation scores (accuracy over every row, calibration over the parsed confidences)."""
+    multi-turn evaluation scores (accuracy over every row, calibration over the parsed confidences; a
+    `CalibrationEvaluation`), with the sampling agreement of `agreement_samples` replies when asked for."""
     was_training = model.training
     model.eval()
-    rows = []
+    rows, sampled_tokens = [], 0
     for start in range(0, len(dataset), 16):
         batch = dataset[start : start + 16]
         prompts = [
             tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
             for p in batch["prompt"]
         ]
-        for gold, ids in zip(batch["solution"], greedy_completions(model, tokenizer, prompts, max_new_tokens)):
-            text = tokenizer.decode(ids, skip_special_tokens=True)
+        texts = [
+            tokenizer.decode(ids, skip_special_tokens=True)
+            for ids in greedy_completions(model, tokenizer, prompts, max_new_tokens)
+        ]
+        agreements = [None] * len(texts)
+        if agreement_samples:
+            agreements, tokens = sampling_agreement(
+                model, tokenizer, prompts, texts, agreement_samples, max_new_tokens, seed=seed + start
+            )
+            sampled_tokens += tokens
+        for prompt, level, gold, text, agreement in zip(
+            batch["prompt"], batch["level"], batch["solution"], texts, agreements
+        ):
             answer = extract_answer(text, "answer")
             rows.append(
                 {
+                    "prompt": prompt_text(prompt),
+                    "group": level,
+                    "gold": gold,
+                    "answer": text,
                     "correct": int(bool(answer) and verify_answer(gold, answer)),
                     "confidence": extract_confidence(text, "confidence"),
+                    **({"agreement": agreement} if agreement_samples else {}),
                 }
             )
     model.train(was_training)
-    parsed = [r for r in rows if r["confidence"] is not None]
-    report = calibration_report([r["confidence"] for r in parsed], [r["correct"] for r in parsed])
-    return {
-        "accuracy": statistics.mean(r["correct"] for r in rows),
-        "ece": report.ece,
-        "brier": report.brier,
-        "auroc": report.auroc,
-        "parse_fail_rate": 1 - len(parsed) / len(rows),
-    }
+    cost = {"samples_per_question": agreement_samples, "generated_tokens": sampled_tokens}
+    return calibration_evaluation(rows, seed=seed, agreement_cost=cost if agreement_samples else None)
 
 
 class EvaluateEvery(TrainerCallback):
     """Evaluate the model on held-out questions before training and every `every` steps, with the generated tokens
-    so far (from TRL's logged mean completion lengths)."""
+    so far (from TRL's logged mean completion lengths). `evaluate(final)` returns a `CalibrationEvaluation`; the
+    final one (at `max_steps`) also gives the sampling agreement, and its per-sample rows are kept (`records`)."""
 
     def __init__(self, evaluate, every: int, row_counts: dict[str, int]):
-        self.evaluate, self.every, self.row_counts, self.points = evaluate, every, row_counts, []
+        self.evaluate, self.every, self.row_counts, self.points, self.records = evaluate, every, row_counts, [], []
 
     def _point(self, state):
         tokens = sum(log.get(key, 0.0) * rows for log in state.log_history for key, rows in self.row_counts.items())
-        self.points.append({"step": state.global_step, "generated_tokens": tokens, **self.evaluate()})
+        final = state.global_step >= state.max_steps
+        result = self.evaluate(final)
+        self.points.append({"step": state.global_step, "generated_tokens": tokens, **_evaluation_point(result, final)})
+        if final:
+            self.records = result.rows
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._point(state)
@@ -231,13 +256,13 @@ class EvaluateEvery(TrainerCallback):
             self._point(state)
 
 
-def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
+def calibration(steps: int | None, seeds: list[int], every: int, split: str, agreement_samples: int) -> dict:
     """Multi-turn RLCR (the recipe's embedded-default run) against single-turn RLCR on plain GRPOTrainer, both from
     one format warm-up (per seed) that teaches both formats, equal generated tokens per step, one pair of runs per
-    seed."""
+    seed, evaluated on the built-in data's `split` (`tune` to choose, `report` to publish)."""
     from copy import deepcopy
 
-    script_args, base_args, train, evaluation = rlcr_cpu_run()
+    script_args, base_args, train, evaluation = rlcr_cpu_run(("--eval_split", split))
     steps = steps or base_args.max_steps
     n = script_args.warmup_samples
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
@@ -265,6 +290,7 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
     single_rows = answers * (1 + g_c) // 2
     single_length = base_args.max_completion_length + base_args.max_confidence_length
     runs = {"multi_turn": [], "single_turn": []}
+    records = []  # the final evaluations' per-sample rows, per method and seed
     for seed in seeds:
         model_path = warmups[seed] = warm_up(seed)
         model, tokenizer = load_model(model_path)
@@ -279,8 +305,14 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
         )
         trainer = RLCRMultiTurnTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
         callback = EvaluateEvery(
-            lambda t=trainer: _evaluation_point(
-                evaluate_calibration(t.model, t.processing_class, evaluation, t.args, progress=False)
+            lambda final, t=trainer: evaluate_calibration(
+                t.model,
+                t.processing_class,
+                evaluation,
+                t.args,
+                batch_size=t.args.per_device_eval_batch_size,
+                progress=False,
+                agreement_samples=agreement_samples if final else 0,
             ),
             every,
             {"completions/mean_length": answers, "confidence/completions/mean_length": answers * g_c},
@@ -288,6 +320,7 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
         trainer.add_callback(callback)
         trainer.train()
         runs["multi_turn"].append({"seed": seed, "points": callback.points})
+        records += [{"method": "multi_turn", "seed": seed, **row} for row in callback.records]
 
         model, tokenizer = load_model(model_path)
         args = cpu_test_args(
@@ -313,35 +346,47 @@ def calibration(steps: int | None, seeds: list[int], every: int) -> dict:
             processing_class=tokenizer,
         )
         callback = EvaluateEvery(
-            lambda t=trainer: evaluate_single_turn(t.model, t.processing_class, single_eval, single_length),
+            lambda final, t=trainer, seed=seed: evaluate_single_turn(
+                t.model, t.processing_class, single_eval, single_length, agreement_samples if final else 0, seed
+            ),
             every,
             {"completions/mean_length": single_rows},
         )
         trainer.add_callback(callback)
         trainer.train()
         runs["single_turn"].append({"seed": seed, "points": callback.points})
+        records += [{"method": "single_turn", "seed": seed, **row} for row in callback.records]
     return {
         "model": "format warm-up (both formats) of SmolLM2-135M-Instruct, bf16 autocast, CPU",
         "warmup_models": warmups,
         "steps": steps,
         "seeds": seeds,
         "evaluate_every": every,
-        "evaluation": f"{len(evaluation)} held-out questions, greedy",
+        "evaluation": f"{len(evaluation)} held-out questions of the {split} split, greedy",
+        "split": split,
+        "agreement_samples": agreement_samples,
         "rows_per_step": {"multi_turn": answers * (1 + g_c), "single_turn": single_rows},
         "summary": calibration_summary(runs),
         "runs": runs,
-    }
+    }, records
 
 
-def _evaluation_point(result) -> dict:
-    """The multi-turn evaluation in the single-turn evaluation's keys."""
-    return {
+POINT_METRICS = ("ece", "brier", "auroc", "brier_skill", "auroc_within_groups", "brier_skill_groups")
+
+
+def _evaluation_point(result, final: bool) -> dict:
+    """An evaluation's metrics (the final one's with their bootstrap 95% intervals, and the sampling agreement's)."""
+    point = {
         "accuracy": result.accuracy,
-        "ece": result.report.ece,
-        "brier": result.report.brier,
-        "auroc": result.report.auroc,
+        **{key: getattr(result.report, key) for key in POINT_METRICS},
         "parse_fail_rate": result.confidence_parse_fail_rate,
     }
+    if final:
+        point["intervals"] = {**result.report.intervals, "accuracy": result.accuracy_interval}
+        if result.agreement_report is not None:
+            point["sampling_agreement"] = {**result.agreement_report.to_dict(), **result.agreement_cost}
+            point["sampling_agreement"].pop("bins")
+    return point
 
 
 def with_system_prompt(dataset, system_prompt):
@@ -359,14 +404,15 @@ def calibration_summary(runs: dict) -> dict:
     """Final held-out figures per method (mean, min, max over seeds) and the per-seed differences."""
     summary = {}
     for name, seeded in runs.items():
-        for key in ("ece", "brier", "accuracy", "parse_fail_rate", "auroc"):
+        for key in ("accuracy", "parse_fail_rate", *POINT_METRICS):
             values = [run["points"][-1][key] for run in seeded]
             values = [v for v in values if v is not None and v == v]
             summary.setdefault(name, {})[key] = (
                 {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
             )
-    for key in ("ece", "brier", "auroc", "accuracy"):
-        diffs = [m["points"][-1][key] - s["points"][-1][key] for m, s in zip(runs["multi_turn"], runs["single_turn"])]
+    for key in ("accuracy", *POINT_METRICS):
+        pairs = [(m["points"][-1][key], s["points"][-1][key]) for m, s in zip(runs["multi_turn"], runs["single_turn"])]
+        diffs = [None if a is None or b is None else a - b for a, b in pairs]  # None: undefined (one class)
         summary[f"multi_minus_single_{key}"] = diffs
     return summary
 
@@ -377,12 +423,13 @@ def plot_calibration(result: dict, path: Path) -> None:
 
     keys = [
         ("ece", "held-out ECE"),
-        ("brier", "held-out Brier"),
+        ("brier_skill", "held-out Brier skill (0: the best constant)"),
         ("auroc", "held-out AUROC"),
+        ("auroc_within_groups", "held-out AUROC within levels"),
         ("parse_fail_rate", "confidence parse failures"),
         ("accuracy", "held-out accuracy"),
     ]
-    fig = Figure(figsize=(19, 3.8), layout="constrained")
+    fig = Figure(figsize=(23, 3.8), layout="constrained")
     FigureCanvasAgg(fig)
     for ax, (key, title) in zip(fig.subplots(1, len(keys)), keys):
         for color, (name, seeded) in zip(("C0", "C1"), result["runs"].items()):
@@ -407,7 +454,7 @@ def plot_calibration(result: dict, path: Path) -> None:
     fig.axes[0].legend(fontsize=7)
     fig.suptitle(
         "RLCR on SmolLM2-135M (CPU), one format warm-up per seed: multi-turn vs single-turn at equal generated "
-        "tokens, greedy evaluation on held-out questions",
+        f"tokens, greedy evaluation on {result['evaluation']}",
         fontsize=10,
     )
     fig.savefig(path, dpi=110)
@@ -434,17 +481,32 @@ def main(argv=None):
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="calibration: one pair per seed")
     parser.add_argument("--evaluate-every", type=int, default=4, help="calibration: steps between evaluations")
+    parser.add_argument(
+        "--split",
+        choices=["tune", "report"],
+        default="tune",
+        help="calibration: held-out questions from the tune split (choosing settings) or the report split (the "
+        "published numbers: rlcr_calibration.json; tune: rlcr_calibration_tune.json)",
+    )
+    parser.add_argument(
+        "--agreement-samples",
+        type=int,
+        default=8,
+        help="calibration: answers sampled per question at temperature 1 for the sampling-agreement reference "
+        "(final evaluation; 0: off)",
+    )
     args = parser.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
         result = overhead(args.steps or 4)
         name = "overhead_cuda" if on_cuda() else "overhead"  # CPU and GPU figures side by side
         plot_overhead(result, RESULTS / f"rlcr_{name}.png")
-        write_json(RESULTS / f"rlcr_{name}.json", result)
+        write_result(RESULTS / f"rlcr_{name}.json", result)
     else:
-        result = calibration(args.steps, args.seeds, args.evaluate_every)
-        plot_calibration(result, RESULTS / "rlcr_calibration.png")
-        write_json(RESULTS / "rlcr_calibration.json", result)
+        result, records = calibration(args.steps, args.seeds, args.evaluate_every, args.split, args.agreement_samples)
+        name = "rlcr_calibration" if args.split == "report" else f"rlcr_calibration_{args.split}"
+        plot_calibration(result, RESULTS / f"{name}.png")
+        write_result(RESULTS / f"{name}.json", result, seeds=args.seeds, records=records)
     print(json.dumps({k: v for k, v in result.items() if k not in ("curves", "runs")}, indent=2))
 
 

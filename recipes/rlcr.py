@@ -6,7 +6,8 @@
 
 Writes to `output_dir`: `metrics.json` (calibration before/after and the training log), `reliability_before.png`,
 `reliability_after.png`, `reliability_before_after.png`, `learning_curves.png`, `eval_before.json` and
-`eval_after.json` (every evaluated answer and confidence), `evaluation_settings.json` (what the evaluation used;
+`eval_after.json` (the metrics with bootstrap 95% intervals), `eval_before.jsonl` and `eval_after.jsonl` (every
+question, answer and confidence), `evaluation_settings.json` (what the evaluation used;
 `--eval_only` on the directory reuses it unless flags override), and the trained model.
 """
 

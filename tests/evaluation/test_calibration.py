@@ -13,9 +13,13 @@ from trl_ext.evaluation.calibration import (
     CalibrationReport,
     auroc,
     bin_indices,
+    bootstrap_intervals,
     brier_score,
+    brier_skill,
     calibration_report,
     expected_calibration_error,
+    grouped_auroc,
+    grouped_brier_skill,
     num_bins,
     plot_reliability_diagrams,
     reliability_bins,
@@ -390,3 +394,85 @@ def test_paper_convention_report_bins():
 def test_unknown_convention_is_named():
     with pytest.raises(ValueError, match=r"convention must be one of \('standard', 'rlcr_paper'\), got 'torch'"):
         expected_calibration_error([0.5], [1], convention="torch")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Metrics a degenerate calibrator cannot pass, and bootstrap intervals
+# ---------------------------------------------------------------------------------------------------------------------
+
+GROUPS = ["a", "a", "b", "b", "b"]
+
+
+def test_brier_skill_hand_computed():
+    # Brier 1.44 / 5 = 0.288; base rate 0.4, the best constant's Brier 0.4 * 0.6 = 0.24; skill 1 - 0.288 / 0.24
+    assert brier_skill(CONF, CORRECT) == pytest.approx(-0.2)
+    assert brier_skill([0.4] * 5, CORRECT) == pytest.approx(0.0)  # the constant ECE would call perfect
+    assert brier_skill([1.0, 0.0, 0.0, 1.0, 0.0], CORRECT) == pytest.approx(1.0)
+    assert math.isnan(brier_skill([0.5, 0.9], [1, 1])) and math.isnan(brier_skill([], []))
+
+
+def test_auroc_within_groups_counts_only_pairs_of_the_same_group():
+    # a: right 0.9 vs wrong 0.9, a tie (1/2 of 1 pair); b: right 0.3 vs wrong 0.2 (won) and 0.3 (tie): 1.5 of 2
+    assert grouped_auroc(CONF, CORRECT, GROUPS) == pytest.approx(2.0 / 3.0)
+    # a confidence that reads the group only: every within-group pair is a tie, though the pooled AUROC is 1
+    confidences, correct, groups = [0.9, 0.9, 0.1, 0.1], [1, 0, 0, 0], [1, 1, 2, 2]
+    assert auroc(confidences, correct) == pytest.approx(5 / 6) and grouped_auroc(confidences, correct, groups) == 0.5
+    assert math.isnan(grouped_auroc([0.9, 0.1], [1, 0], ["a", "b"]))  # no right/wrong pair shares a group
+    with pytest.raises(ValueError, match="one entry per answer"):
+        grouped_auroc(CONF, CORRECT, ["a"])
+
+
+def test_brier_skill_against_the_groups_base_rates():
+    # base rates a 1/2, b 1/3: reference (0.25 + 0.25 + 1/9 + 4/9 + 1/9) / 5 = 7/30; skill 1 - 0.288 * 30 / 7
+    assert grouped_brier_skill(CONF, CORRECT, GROUPS) == pytest.approx(1 - 0.288 * 30 / 7)
+    rates = [0.5, 0.5, 1 / 3, 1 / 3, 1 / 3]  # stating each group's accuracy: skill 0 against the groups, > 0 overall
+    assert grouped_brier_skill(rates, CORRECT, GROUPS) == pytest.approx(0.0, abs=1e-12)
+    assert brier_skill(rates, CORRECT) > 0 and grouped_auroc(rates, CORRECT, GROUPS) == 0.5
+    assert math.isnan(grouped_brier_skill([0.2, 0.8], [1, 0], ["a", "b"]))  # each group all right or all wrong
+
+
+def test_report_carries_the_new_metrics_and_intervals():
+    report = calibration_report(CONF, CORRECT, groups=GROUPS, intervals=True)
+    assert report.brier_skill == pytest.approx(-0.2) and report.auroc_within_groups == pytest.approx(2 / 3)
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["brier_skill_groups"] == pytest.approx(1 - 0.288 * 30 / 7)
+    assert set(d["intervals"]) == {
+        "accuracy",
+        "ece",
+        "brier",
+        "auroc",
+        "brier_skill",
+        "auroc_within_groups",
+        "brier_skill_groups",
+    }
+    plain = calibration_report(CONF, CORRECT)
+    assert plain.auroc_within_groups is None and plain.intervals == {} and plain.to_dict()["intervals"] == {}
+
+
+def test_bootstrap_intervals_are_seeded_and_cover_the_estimate():
+    rng = np.random.default_rng(0)
+    correct = rng.integers(0, 2, 200)
+    confidences = np.clip(0.5 + 0.3 * (correct - 0.5) + rng.normal(0, 0.2, 200), 0, 1)
+    groups = rng.integers(0, 4, 200)
+    first = bootstrap_intervals(confidences, correct, groups, n_resamples=300, seed=1)
+    assert first == bootstrap_intervals(confidences, correct, groups, n_resamples=300, seed=1)
+    assert first != bootstrap_intervals(confidences, correct, groups, n_resamples=300, seed=2)
+    estimates = {
+        "accuracy": float(np.mean(correct)),
+        "brier": brier_score(confidences, correct),
+        "auroc": auroc(confidences, correct),
+        "auroc_within_groups": grouped_auroc(confidences, correct, groups),
+        "brier_skill_groups": grouped_brier_skill(confidences, correct, groups),
+    }
+    for name, value in estimates.items():
+        low, high = first[name]
+        assert low < value < high, name
+    # the accuracy interval of 200 answers: about +-1.96 * sqrt(p(1 - p) / n) = +-0.07
+    assert 0.1 < first["accuracy"][1] - first["accuracy"][0] < 0.18
+
+
+def test_bootstrap_intervals_undefined_metrics():
+    intervals = bootstrap_intervals([0.9, 0.8, 0.7], [1, 1, 1], n_resamples=50)
+    assert intervals["auroc"] is None and intervals["brier_skill"] is None and intervals["accuracy"] == [1.0, 1.0]
+    assert "auroc_within_groups" not in intervals  # no groups given
+    assert bootstrap_intervals([], [], groups=[], n_resamples=10)["auroc_within_groups"] is None

@@ -72,3 +72,17 @@ def test_accuracy_by_field_by_hand():
         "num_samples/task_type_deduction": 2.0,
     }
     assert list(metrics)[:6:2] == ["accuracy/level_1", "accuracy/level_2", "accuracy/level_10"]  # numeric order
+
+
+def test_calibration_metrics_within_groups_by_hand():
+    # calibrated: (0.9, 1, a), (0.9, 0, a), (0.2, 0, b), (0.3, 1, b); the unparsable sample is left out
+    metrics = calibration_metrics([1, 0, 0, 1, 0], [0.9, 0.9, 0.2, 0.3, None], ["a", "a", "b", "b", "b"])
+    # a: a tie (1/2); b: 0.3 right over 0.2 wrong (1): 1.5 of 2 pairs
+    assert metrics["calibration/auroc_within_groups"] == pytest.approx(0.75)
+    # Brier (0.01 + 0.81 + 0.04 + 0.49) / 4 = 0.3375; base rate 1/2 overall and in each group: reference 0.25
+    assert metrics["calibration/brier_skill"] == pytest.approx(1 - 0.3375 / 0.25)
+    assert metrics["calibration/brier_skill_groups"] == pytest.approx(1 - 0.3375 / 0.25)
+    ungrouped = calibration_metrics([1, 0], [0.9, 0.2], [None, None])  # no group anywhere: no group metrics
+    assert "calibration/auroc_within_groups" not in ungrouped and ungrouped["calibration/brier_skill"] == 0.9
+    with pytest.raises(ValueError, match="1 groups for 2 outcomes"):
+        calibration_metrics([1, 0], [0.5, 0.5], ["a"])

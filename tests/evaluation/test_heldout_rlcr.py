@@ -2,10 +2,12 @@
 confidences on a hand-computable set, evaluated at the configured steps through the trainer's generation path."""
 
 import math
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
 
+from trl_ext.evaluation.records import read_jsonl
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 
@@ -13,6 +15,7 @@ from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 CONFIDENCE_PROMPT = "How confident are you? Reply <confidence>p</confidence>."
 TRAIN = [("What is 2+3?", "5"), ("What is 7*6?", "42")]
 EVAL = [("What is 2+3?", "5"), ("What is 7*6?", "42"), ("What is 1+1?", None)]  # the last one has no gold
+LEVELS = [1, 1, 2]  # the group of each evaluation question
 ANSWERS = {
     "2+3": "<answer>5</answer>",
     "7*6": "<answer>41</answer>",
@@ -32,6 +35,9 @@ EXPECTED = {
     "eval_calibration/ece": 0.15,  # bins (0.8, 0.9]: |1 - 0.9|; (0.1, 0.2]: |0 - 0.2|; weights 1/2 each
     "eval_calibration/brier": 0.025,  # (0.1^2 + 0.2^2) / 2
     "eval_calibration/auroc": 1.0,
+    "eval_calibration/brier_skill": 0.9,  # 1 - 0.025 / (0.5 * 0.5): the best constant states the base rate 0.5
+    "eval_calibration/auroc_within_groups": 1.0,  # both calibrated answers are level 1: one right/wrong pair
+    "eval_calibration/brier_skill_groups": 0.9,  # level 1's base rate is 0.5 too
     "eval_num_samples": 3.0,
     "eval_num_questions": 3.0,
     "eval_num_missing_gold": 1.0,
@@ -52,7 +58,9 @@ def script(prompt_text, k):
 def make_trainer(tmp_path, **overrides):
     model, tokenizer = tiny_causal_lm()
     train = Dataset.from_list([{"prompt": conversation(q), "solution": s} for q, s in TRAIN])
-    evaluation = Dataset.from_list([{"prompt": conversation(q), "solution": s} for q, s in EVAL])
+    evaluation = Dataset.from_list(
+        [{"prompt": conversation(q), "solution": s, "level": level} for (q, s), level in zip(EVAL, LEVELS)]
+    )
     settings = dict(
         max_steps=2,
         per_device_train_batch_size=4,
@@ -116,6 +124,17 @@ def test_greedy_answer_then_confidence_turn_per_answer(trained):
     assert evaluation and all(not do_sample for _, do_sample, _ in evaluation)
     assert {length for _, _, length in evaluation} == {24, 12}
     assert trainer.generation_config.do_sample and trainer.generation_config.max_new_tokens == 24  # restored
+
+
+def test_every_evaluation_writes_its_per_sample_records(trained):
+    trainer, _, _ = trained
+    for step in (1, 2):
+        records = read_jsonl(Path(trainer.args.output_dir) / "heldout" / f"eval_step{step}.jsonl")
+        assert [r["prompt"] for r in records] == [q for q, _ in EVAL] and [r["group"] for r in records] == LEVELS
+        assert [r["correct"] for r in records] == [1.0, 0.0, None]
+        assert [r["confidence"] for r in records] == [0.9, 0.2, None]
+        assert records[1]["answer"] == "<answer>41</answer>"
+    assert trainer.heldout_records == records
 
 
 def test_evaluate_returns_the_logged_metrics(trained):

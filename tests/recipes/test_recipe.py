@@ -10,6 +10,7 @@ import pytest
 from datasets import Dataset
 
 from trl_ext.data import graded_arithmetic
+from trl_ext.evaluation.records import read_jsonl
 from trl_ext.recipe import (
     RecipeScriptArguments,
     load_recipe_dataset,
@@ -155,10 +156,18 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
         "adapter_model.safetensors",
         "eval_before.json",
         "eval_after.json",
+        "eval_before.jsonl",
+        "eval_after.jsonl",
     ):
         assert (out / name).is_file(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"before", "after", "train_log"} <= set(metrics) and metrics["after"]["num_rows"] == 4
+    assert json.loads((out / "eval_after.json").read_text()) == metrics["after"]
+    records = read_jsonl(out / "eval_after.jsonl")  # per answer: the question, its group (none here), the reply
+    assert [r["prompt"] for r in records] == [f"What is {i}+{i}?" for i in range(16, 20)]
+    assert all(r["group"] is None and {"answer", "gold", "correct", "confidence"} <= set(r) for r in records)
+    assert set(metrics["after"]["intervals"]) >= {"accuracy", "ece", "brier", "auroc", "brier_skill"}
+    assert "bootstrap 95% intervals in brackets" in proc.stdout
     assert sum("answer/accuracy" in log for log in metrics["train_log"]) == 2
     assert "is deprecated" not in proc.stderr  # no deprecation warning for keys or library internals
     card = (out / "README.md").read_text()  # our card, not PEFT's generic one
@@ -174,19 +183,24 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
         "--model_name_or_path",
         model,
         "--rlcr_paper_metrics",
+        "--agreement_samples",
+        "2",
         *common,
     ]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (out / "reliability_eval.png").is_file()
     metrics = json.loads((out / "metrics.json").read_text())["eval"]
-    rows = json.loads((out / "eval_eval.json").read_text())
+    rows = read_jsonl(out / "eval_eval.jsonl")
     # ours over the parsed confidences; the paper's over every row, unparsable ones as 0
     assert metrics["n"] == sum(r["confidence"] is not None for r in rows)
     assert metrics["rlcr_paper"]["n"] == metrics["num_rows"] == 4
     assert metrics["rlcr_paper"]["convention"] == "rlcr_paper"
     assert metrics["rlcr_paper"]["mean_confidence"] == pytest.approx(sum(r["confidence"] or 0 for r in rows) / 4)
     assert "RLCR paper's convention: ECE" in proc.stdout
+    agreement = metrics["sampling_agreement"]  # the untrained reference: 2 sampled answers per question
+    assert agreement["samples_per_question"] == 2 and 0 < agreement["generated_tokens"] <= 4 * 2 * 8
+    assert all(r["agreement"] in (0.0, 0.5, 1.0) for r in rows) and "sampling agreement of 2 answers" in proc.stdout
 
 
 @pytest.mark.slow
@@ -315,7 +329,7 @@ def test_rlcr_recipe_with_a_format_warmup(tmp_path):
     assert warmup["rows"] == 6 and warmup["examples"] == 12
     assert Path(warmup["model"]).parent == tmp_path / "cache" / "warmup"
     assert (Path(warmup["model"]) / "model.safetensors").is_file()
-    assert (out / "eval_base.json").is_file() and (out / "reliability_base.png").is_file()
+    assert (out / "eval_base.jsonl").is_file() and (out / "reliability_base.png").is_file()
     # RL trains on the rows after the warm-up's: 16 rows - 4 held out - 6 warm-up = 6 prompts, 1 step of 2 prompts
     assert sum("answer/accuracy" in log for log in metrics["train_log"]) == 1
     assert "before RL (after the format warm-up)" in proc.stdout and "report and plots in" in proc.stdout

@@ -6,6 +6,12 @@ stated confidence matches the empirical accuracy:
 - `expected_calibration_error` (ECE): the count-weighted mean gap |accuracy - confidence| over equal-width bins;
 - `brier_score`: mean squared error between the confidence and the 0/1 outcome;
 - `auroc`: how well the confidence separates correct from incorrect answers (None when only one class occurs);
+- `brier_skill`: 1 - Brier / the Brier of the best constant (the base rate): 0 for any constant, so a degenerate
+  calibrator that ECE rates perfect scores nothing here;
+- `grouped_auroc` and `grouped_brier_skill`: the same questions asked within groups (e.g. difficulty levels): AUROC over
+  right/wrong pairs of the same group, skill against each group's base rate: a confidence that only reads the group
+  (the difficulty written in the question) scores 0.5 and 0;
+- `bootstrap_intervals`: percentile-bootstrap 95% intervals of these metrics;
 - `calibration_report`: all of the above plus per-bin statistics, JSON-serialisable through `to_dict()`;
 - `reliability_diagram` / `plot_reliability_diagrams`: PNG reliability diagrams, one panel or several side by side.
 
@@ -236,6 +242,136 @@ def auroc(
     return float(roc_auc_score(y.astype(np.int64), c))
 
 
+def brier_skill(confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray) -> float:
+    """1 - Brier / Brier of the best constant confidence (the base rate p, whose Brier is p(1 - p)).
+
+    0 for any constant at the base rate, negative for worse, 1 for a perfect 0/1 predictor. NaN when undefined:
+    empty input, or every answer right (or every one wrong), where the constant is already perfect."""
+    c, y = _validate(confidences, correct)
+    if len(c) == 0:
+        return float("nan")
+    reference = float(np.mean(y) * (1 - np.mean(y)))
+    return float("nan") if reference == 0 else 1.0 - float(np.mean((c - y) ** 2)) / reference
+
+
+def _as_groups(groups: Sequence[Any], n: int) -> np.ndarray:
+    if len(groups) != n:
+        raise ValueError(f"groups must have one entry per answer, got {len(groups)} groups for {n} answers.")
+    _, codes = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
+    return codes
+
+
+def grouped_auroc(
+    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, groups: Sequence[Any]
+) -> float:
+    """AUROC over the right/wrong pairs of answers in the same group (ties count one half), pooled over groups: the
+    share of such pairs where the right answer has the higher confidence.
+
+    A confidence that depends on the group alone (e.g. the difficulty level written in the question) scores 0.5. NaN
+    when no group has both a right and a wrong answer."""
+    c, y = _validate(confidences, correct)
+    codes = _as_groups(groups, len(c))
+    wins = pairs = 0.0
+    for group in np.unique(codes):
+        right, wrong = c[(codes == group) & (y == 1)], c[(codes == group) & (y == 0)]
+        if right.size and wrong.size:
+            diff = right[:, None] - wrong[None, :]
+            wins += float(np.sum(diff > 0) + 0.5 * np.sum(diff == 0))
+            pairs += right.size * wrong.size
+    return wins / pairs if pairs else float("nan")
+
+
+def grouped_brier_skill(
+    confidences: Sequence[float] | np.ndarray, correct: Sequence[Any] | np.ndarray, groups: Sequence[Any]
+) -> float:
+    """1 - Brier / Brier of each group's base rate (stating, for every answer, its group's accuracy): 0 for a
+    confidence that knows the groups' accuracies and nothing else. NaN when every group is all right or all wrong."""
+    c, y = _validate(confidences, correct)
+    codes = _as_groups(groups, len(c))
+    if len(c) == 0:
+        return float("nan")
+    rates = np.bincount(codes, weights=y) / np.bincount(codes)
+    reference = float(np.mean((rates[codes] - y) ** 2))
+    return float("nan") if reference == 0 else 1.0 - float(np.mean((c - y) ** 2)) / reference
+
+
+# The metrics `bootstrap_intervals` gives intervals for (the grouped ones only with groups).
+INTERVAL_METRICS = ("accuracy", "ece", "brier", "auroc", "brier_skill", "auroc_within_groups", "brier_skill_groups")
+
+
+def _metrics(c: np.ndarray, y: np.ndarray, codes: np.ndarray | None, n_bins: int) -> dict[str, float]:
+    values = {
+        "accuracy": float(np.mean(y)) if len(y) else float("nan"),
+        "ece": expected_calibration_error(c, y, n_bins),
+        "brier": brier_score(c, y),
+        "auroc": _auroc_or_nan(c, y),
+        "brier_skill": brier_skill(c, y),
+    }
+    if codes is not None:
+        values["auroc_within_groups"] = grouped_auroc(c, y, codes)
+        values["brier_skill_groups"] = grouped_brier_skill(c, y, codes)
+    return values
+
+
+def _auroc_or_nan(c: np.ndarray, y: np.ndarray) -> float:
+    """AUROC by ranks (ties one half), as `auroc` but NaN when undefined; fast enough for bootstrap resamples."""
+    positives, negatives = c[y == 1], c[y == 0]
+    if not positives.size or not negatives.size:
+        return float("nan")
+    diff = positives[:, None] - negatives[None, :]
+    return float((np.sum(diff > 0) + 0.5 * np.sum(diff == 0)) / diff.size)
+
+
+def bootstrap_intervals(
+    confidences: Sequence[float] | np.ndarray,
+    correct: Sequence[Any] | np.ndarray,
+    groups: Sequence[Any] | None = None,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    n_bins: int = NUM_BINS,
+) -> dict[str, list[float] | None]:
+    """Percentile-bootstrap intervals (`level`, default 95%) of accuracy, ECE, Brier, AUROC and Brier skill, and with
+    `groups` of the AUROC within groups and the skill against the groups' base rates: answers resampled with
+    replacement `n_resamples` times (a fixed `seed`: the same intervals for the same answers). A metric undefined in
+    a resample (AUROC with one class) is left out of that metric's percentiles; `None` when undefined in over half of
+    them (or on empty input)."""
+    c, y = _validate(confidences, correct)
+    codes = None if groups is None else _as_groups(groups, len(c))
+    names = [name for name in INTERVAL_METRICS if codes is not None or "groups" not in name]
+    if len(c) == 0:
+        return {name: None for name in names}
+    rng = np.random.default_rng(seed)
+    samples = {name: [] for name in names}
+    for _ in range(n_resamples):
+        index = rng.integers(0, len(c), len(c))
+        for name, value in _metrics(c[index], y[index], None if codes is None else codes[index], n_bins).items():
+            samples[name].append(value)
+    tail = (1 - level) / 2 * 100
+    intervals = {}
+    for name, values in samples.items():
+        finite = np.asarray(values)[np.isfinite(values)]
+        intervals[name] = (
+            [float(np.percentile(finite, tail)), float(np.percentile(finite, 100 - tail))]
+            if finite.size * 2 > n_resamples
+            else None
+        )
+    return intervals
+
+
+def bootstrap_mean_interval(
+    values: Sequence[float], n_resamples: int = 1000, seed: int = 0, level: float = 0.95
+) -> list[float] | None:
+    """Percentile-bootstrap interval of the mean of `values` (e.g. the 0/1 outcomes of every answer, for accuracy
+    over all of them); None on empty input."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return None
+    means = x[np.random.default_rng(seed).integers(0, x.size, (n_resamples, x.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return [float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------------------------------
@@ -267,6 +403,14 @@ class CalibrationReport:
     bins: list[dict[str, float | int]] = field(default_factory=list)
     convention: str = "standard"
     """How bins and unparsable confidences were treated (see the module docstring)."""
+    brier_skill: float = float("nan")
+    """1 - Brier / the best constant's Brier (`brier_skill`)."""
+    auroc_within_groups: float | None = None
+    """AUROC over right/wrong pairs of the same group (`grouped_auroc`); None without groups, NaN without such pairs."""
+    brier_skill_groups: float | None = None
+    """Skill against the groups' base rates (`grouped_brier_skill`); None without groups."""
+    intervals: dict[str, list[float] | None] = field(default_factory=dict)
+    """Bootstrap 95% intervals of the metrics (`bootstrap_intervals`), when asked for."""
 
     @property
     def n_bins(self) -> int:
@@ -276,8 +420,9 @@ class CalibrationReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict: NaN becomes None, numpy scalars become Python numbers."""
         d = asdict(self)
-        out = {k: _json_float(v) for k, v in d.items() if k != "bins"}
+        out = {k: _json_float(v) for k, v in d.items() if k not in ("bins", "intervals")}
         out["bins"] = [{k: _json_float(v) for k, v in b.items()} for b in d["bins"]]
+        out["intervals"] = {k: None if v is None else [_json_float(x) for x in v] for k, v in d["intervals"].items()}
         return out
 
 
@@ -286,8 +431,13 @@ def calibration_report(
     correct: Sequence[Any] | np.ndarray,
     n_bins: int = NUM_BINS,
     convention: str = "standard",
+    groups: Sequence[Any] | None = None,
+    intervals: bool = False,
+    seed: int = 0,
 ) -> CalibrationReport:
-    """Accuracy, ECE, Brier score, AUROC, mean confidence and per-bin statistics in one report.
+    """Accuracy, ECE, Brier score, AUROC, Brier skill, mean confidence and per-bin statistics in one report; with
+    `groups` (one per answer, e.g. its difficulty level) also the AUROC within groups and the skill against the
+    groups' base rates; with `intervals`, their bootstrap 95% intervals (`bootstrap_intervals`, seeded by `seed`).
 
     With `convention="rlcr_paper"`, pass every row: unparsable confidences (None or NaN) are scored as 0.
     """
@@ -303,6 +453,10 @@ def calibration_report(
         mean_confidence=float(np.mean(c)) if n else float("nan"),
         bins=reliability_bins(c, y, n_bins, convention),
         convention=convention,
+        brier_skill=brier_skill(c, y),
+        auroc_within_groups=None if groups is None else grouped_auroc(c, y, groups),
+        brier_skill_groups=None if groups is None else grouped_brier_skill(c, y, groups),
+        intervals=bootstrap_intervals(c, y, groups, seed=seed, n_bins=n_bins) if intervals else {},
     )
 
 
@@ -336,11 +490,14 @@ def _summary_text(report: CalibrationReport) -> str:
         auroc_text = "AUROC n/a (no data)"
     else:
         auroc_text = "AUROC n/a (one class)"
+    lines = [f"ECE {_fmt(report.ece)}", f"Brier {_fmt(report.brier)}", f"Brier skill {_fmt(report.brier_skill)}"]
+    lines.append(auroc_text)
+    if report.auroc_within_groups is not None:
+        lines.append(f"AUROC in groups {_fmt(report.auroc_within_groups)}")
+        lines.append(f"skill vs groups {_fmt(report.brier_skill_groups)}")
     return "\n".join(
         [
-            f"ECE {_fmt(report.ece)}",
-            f"Brier {_fmt(report.brier)}",
-            auroc_text,
+            *lines,
             f"accuracy {_fmt(report.accuracy)}",
             f"mean conf. {_fmt(report.mean_confidence)}",
             f"n = {report.n}",
@@ -488,14 +645,20 @@ def plot_reliability_diagrams(
 
 __all__ = [
     "CONVENTIONS",
+    "INTERVAL_METRICS",
     "NUM_BINS",
     "CalibrationReport",
     "auroc",
     "bin_edges",
     "bin_indices",
+    "bootstrap_intervals",
+    "bootstrap_mean_interval",
     "brier_score",
+    "brier_skill",
     "calibration_report",
     "expected_calibration_error",
+    "grouped_auroc",
+    "grouped_brier_skill",
     "num_bins",
     "plot_reliability_diagrams",
     "reliability_bins",

@@ -47,20 +47,30 @@ def sample_accuracy(outcomes: Sequence[Sequence[float | None]]) -> dict[str, flo
     }
 
 
-def calibration_metrics(correct: Sequence[float | None], confidence: Sequence[float | None]) -> dict[str, float]:
+def calibration_metrics(
+    correct: Sequence[float | None], confidence: Sequence[float | None], groups: Sequence[Any] | None = None
+) -> dict[str, float]:
     """RLCR's held-out metrics over samples: `correct[i]` (0/1, `None` without gold) and the stated `confidence[i]`
-    (in [0, 1], `None` when unparsable).
+    (in [0, 1], `None` when unparsable), and optionally each sample's group (e.g. its question's level; `None`
+    everywhere: no groups).
 
     - `answer/accuracy`: over samples with gold;
     - `confidence/parse_fail_rate`: over every sample; `confidence/mean`: over parsable confidences;
     - `calibration/ece`, `calibration/brier`, `calibration/auroc`: `calibration_report` (the standard convention)
       over samples with both a gold answer and a parsable confidence; NaN without any (AUROC also when every such
       answer is right, or every one wrong);
+    - `calibration/brier_skill`: 1 - Brier / the best constant's Brier; with groups, `calibration/auroc_within_groups`
+      and `calibration/brier_skill_groups` (`trl_ext.evaluation.calibration`): what a confidence knows beyond the
+      group;
     - `num_samples`, `num_missing_gold`, `num_calibrated` (the samples the calibration metrics cover)."""
     if len(correct) != len(confidence):
         raise ValueError(f"{len(correct)} outcomes for {len(confidence)} confidences.")
+    if groups is not None and len(groups) != len(correct):
+        raise ValueError(f"{len(groups)} groups for {len(correct)} outcomes.")
+    grouped = groups is not None and any(g is not None for g in groups)
+    groups = groups if grouped else [None] * len(correct)
     parsed = [c for c in confidence if c is not None]
-    pairs = [(c, y) for c, y in zip(confidence, correct) if c is not None and y is not None]
+    pairs = [(c, y, g) for c, y, g in zip(confidence, correct, groups) if c is not None and y is not None]
     metrics = {
         "answer/accuracy": _mean([float(y) for y in correct if y is not None]),
         "confidence/parse_fail_rate": 1.0 - len(parsed) / len(confidence) if confidence else math.nan,
@@ -68,15 +78,27 @@ def calibration_metrics(correct: Sequence[float | None], confidence: Sequence[fl
         "calibration/ece": math.nan,
         "calibration/brier": math.nan,
         "calibration/auroc": math.nan,
+        "calibration/brier_skill": math.nan,
+        **(
+            {"calibration/auroc_within_groups": math.nan, "calibration/brier_skill_groups": math.nan}
+            if grouped
+            else {}
+        ),
         "num_samples": float(len(correct)),
         "num_missing_gold": float(sum(y is None for y in correct)),
         "num_calibrated": float(len(pairs)),
     }
     if pairs:
-        report = calibration_report([c for c, _ in pairs], [int(y) for _, y in pairs])
+        report = calibration_report(
+            [c for c, _, _ in pairs], [int(y) for _, y, _ in pairs], groups=[g for *_, g in pairs] if grouped else None
+        )
         metrics["calibration/ece"] = report.ece
         metrics["calibration/brier"] = report.brier
         metrics["calibration/auroc"] = math.nan if report.auroc is None else report.auroc
+        metrics["calibration/brier_skill"] = report.brier_skill
+        if grouped:
+            metrics["calibration/auroc_within_groups"] = report.auroc_within_groups
+            metrics["calibration/brier_skill_groups"] = report.brier_skill_groups
     return metrics
 
 

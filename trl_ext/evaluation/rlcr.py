@@ -18,8 +18,10 @@ from ..core.turns import follow_up_turn
 from ..rewards import extract_answer, extract_confidence
 from ..rewards.functions import is_missing
 from ..rewards.verify import verify_answer
-from .calibration import CalibrationReport, calibration_report
+from .agreement import sampling_agreement
+from .calibration import CalibrationReport, bootstrap_mean_interval, calibration_report
 from .greedy import greedy_completions
+from .records import DEFAULT_GROUP_COLUMN, prompt_text
 
 
 @dataclass
@@ -36,15 +38,28 @@ class CalibrationEvaluation:
     paper_report: CalibrationReport | None = None
     """The same rows in the RLCR paper's convention (every row, unparsable confidences as 0; see
     [`~trl_ext.evaluation.calibration`]), when asked for."""
+    accuracy_interval: list[float] | None = None
+    """Bootstrap 95% interval of `accuracy` (every judged row); the report's `intervals` cover the parsed ones."""
+    agreement_report: CalibrationReport | None = None
+    """The untrained reference point: the same rows scored with the model's sampling agreement as the confidence
+    (the share of answers sampled at temperature 1 that agree with the greedy one), when it was computed."""
+    agreement_cost: dict | None = None
+    """What the agreement cost: `samples_per_question` and `generated_tokens` (all samples)."""
 
     def to_dict(self) -> dict:
         return {
             **self.report.to_dict(),
             "accuracy_all": self.accuracy,
+            "accuracy_all_interval": self.accuracy_interval,
             "confidence_parse_fail_rate": self.confidence_parse_fail_rate,
             "num_rows": len(self.rows),
             "num_missing_gold": self.num_missing_gold,
             **({"rlcr_paper": self.paper_report.to_dict()} if self.paper_report is not None else {}),
+            **(
+                {"sampling_agreement": {**self.agreement_report.to_dict(), **(self.agreement_cost or {})}}
+                if self.agreement_report is not None
+                else {}
+            ),
         }
 
 
@@ -57,6 +72,8 @@ def evaluate_calibration(
     accuracy_func: Callable[[str, str], bool] = verify_answer,
     progress: bool = True,
     rlcr_paper_convention: bool = False,
+    group_column: str | None = DEFAULT_GROUP_COLUMN,
+    agreement_samples: int = 0,
 ) -> CalibrationEvaluation:
     """Answer each prompt greedily, ask for a confidence in a second turn, and score calibration.
 
@@ -68,6 +85,9 @@ def evaluate_calibration(
         accuracy_func: `f(gold, prediction) -> bool`, as in training.
         rlcr_paper_convention: Also score the rows in the RLCR paper's convention (`paper_report`), to compare with
             its numbers.
+        group_column: The dataset column whose value is each row's `group` (metrics within groups), if it has one.
+        agreement_samples: With k > 0, also sample k answers per prompt at temperature 1 and score the share that
+            agree with the greedy answer as a confidence (`agreement_report`, its cost in `agreement_cost`).
 
     Rows without a gold answer are not evaluated (they would count as wrong); `num_missing_gold` counts them.
     """
@@ -80,7 +100,7 @@ def evaluate_calibration(
     turn = follow_up_turn(
         tokenizer, args.confidence_prompt, [tokenizer.eos_token_id], **(args.chat_template_kwargs or {})
     )
-    rows = []
+    rows, sampled_tokens = [], 0
     for start in tqdm(range(0, len(dataset), batch_size), desc="calibration eval", disable=not progress):
         batch = dataset[start : start + batch_size]
         prompts = [
@@ -100,34 +120,83 @@ def evaluate_calibration(
         answers = greedy_completions(model, tokenizer, prompts, args.max_completion_length)
         turn2 = [turn.prompt_ids(p, a, [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
         confidences = greedy_completions(model, tokenizer, turn2, args.max_confidence_length)
-        for gold, answer_ids, confidence_ids in zip(batch[args.solution_column], answers, confidences):
+        agreements = [None] * len(prompts)
+        if agreement_samples:
+            texts = [tokenizer.decode(a, skip_special_tokens=True) for a in answers]
+            agreements, tokens = sampling_agreement(
+                model,
+                tokenizer,
+                prompts,
+                texts,
+                agreement_samples,
+                args.max_completion_length,
+                args.answer_tag,
+                args.lenient_parsing,
+                batch_size=len(prompts),
+                seed=args.seed + start,
+            )
+            sampled_tokens += tokens
+        groups = batch[group_column] if group_column in batch else [None] * len(prompts)
+        for prompt, group, gold, answer_ids, confidence_ids, agreement in zip(
+            batch["prompt"], groups, batch[args.solution_column], answers, confidences, agreements
+        ):
             answer_text = tokenizer.decode(answer_ids, skip_special_tokens=True)
             confidence_text = tokenizer.decode(confidence_ids, skip_special_tokens=True)
             prediction = extract_answer(answer_text, args.answer_tag, args.lenient_parsing)
             correct = bool(prediction) and accuracy_func(str(gold), prediction)
             rows.append(
                 {
+                    "prompt": prompt_text(prompt),
+                    "group": group,
                     "gold": str(gold),
                     "answer": answer_text,
                     "confidence_text": confidence_text,
                     "confidence": extract_confidence(confidence_text, args.confidence_tag, args.lenient_parsing),
                     "correct": int(correct),
+                    **({"agreement": agreement} if agreement_samples else {}),
                 }
             )
     model.train(was_training)
-    result = calibration_evaluation(rows, rlcr_paper_convention)
+    cost = {"samples_per_question": agreement_samples, "generated_tokens": sampled_tokens}
+    result = calibration_evaluation(rows, rlcr_paper_convention, agreement_cost=cost if agreement_samples else None)
     result.num_missing_gold += num_missing_gold
     return result
 
 
-def calibration_evaluation(rows: list[dict], rlcr_paper_convention: bool = False) -> CalibrationEvaluation:
+def calibration_evaluation(
+    rows: list[dict],
+    rlcr_paper_convention: bool = False,
+    intervals: bool = True,
+    seed: int = 0,
+    agreement_cost: dict | None = None,
+) -> CalibrationEvaluation:
     """Score per-sample `rows`, each with `correct` (1 or 0; `None`: no gold answer, so left out and counted in
-    `num_missing_gold`) and the stated `confidence` (`None`: unparsable), plus whatever the caller keeps with them
-    (texts). The trainers' held-out evaluation (`trainer.evaluate()`) gives such rows (`heldout_records`)."""
+    `num_missing_gold`) and the stated `confidence` (`None`: unparsable), optionally its `group` (e.g. the level:
+    the metrics within groups), plus whatever the caller keeps with them (texts). The trainers' held-out evaluation
+    (`trainer.evaluate()`) gives such rows (`heldout_records`). With `intervals`, the report carries bootstrap 95%
+    intervals (seeded by `seed`). Rows with an `agreement` (the sampling agreement, `sampling_agreement`) are also
+    scored with it as the confidence (`agreement_report`; `agreement_cost`: what it cost)."""
     judged = [r for r in rows if r["correct"] is not None]
     parsed = [r for r in judged if r["confidence"] is not None]
-    report = calibration_report([r["confidence"] for r in parsed], [int(r["correct"]) for r in parsed])
+    grouped = any(r.get("group") is not None for r in parsed)
+    report = calibration_report(
+        [r["confidence"] for r in parsed],
+        [int(r["correct"]) for r in parsed],
+        groups=[r.get("group") for r in parsed] if grouped else None,
+        intervals=intervals,
+        seed=seed,
+    )
     n = max(len(judged), 1)
+    agreement_report = None
+    agreed = [r for r in judged if r.get("agreement") is not None]
+    if agreed:
+        agreement_report = calibration_report(
+            [r["agreement"] for r in agreed],
+            [int(r["correct"]) for r in agreed],
+            groups=[r.get("group") for r in agreed] if any(r.get("group") is not None for r in agreed) else None,
+            intervals=intervals,
+            seed=seed,
+        )
     paper_report = None
     if rlcr_paper_convention:
         confidences, correct = [r["confidence"] for r in judged], [int(r["correct"]) for r in judged]
@@ -139,4 +208,7 @@ def calibration_evaluation(rows: list[dict], rlcr_paper_convention: bool = False
         rows=judged,
         num_missing_gold=len(rows) - len(judged),
         paper_report=paper_report,
+        accuracy_interval=bootstrap_mean_interval([r["correct"] for r in judged], seed=seed) if intervals else None,
+        agreement_report=agreement_report,
+        agreement_cost=agreement_cost if agreement_report is not None else None,
     )

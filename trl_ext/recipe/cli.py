@@ -40,6 +40,10 @@ class RecipeScriptArguments(ScriptArguments):
         num_eval_samples (`int`, *optional*, defaults to `64`):
             Rows for the calibration evaluation before and after training (RLCR) and for the held-out evaluation
             during training (`--eval_strategy steps --eval_steps N`): the test split, or held out.
+        eval_split (`str`, *optional*, defaults to `"report"`):
+            With the built-in data, the split the held-out questions come from: `"report"` (the numbers you publish)
+            or `"tune"` (for choosing settings: ablations, early looks). Training and warm-up rows always come from
+            `"train"`; the three are disjoint (`trl_ext.data.graded_arithmetic`). Ignored with a dataset.
     """
 
     dataset_path: str | None = field(default=None, metadata={"help": "Local .json/.jsonl/.parquet/.csv dataset."})
@@ -51,6 +55,10 @@ class RecipeScriptArguments(ScriptArguments):
     system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
     num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
     num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after and held-out evaluations."})
+    eval_split: str = field(
+        default="report",
+        metadata={"help": "Built-in data: held-out questions from 'report' or 'tune'.", "choices": ["report", "tune"]},
+    )
 
 
 @dataclass

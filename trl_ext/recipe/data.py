@@ -10,7 +10,7 @@ from pathlib import Path
 from datasets import Dataset, load_dataset
 
 from ..data import graded_arithmetic
-from ..data.graded_arithmetic import ANSWER_FORMAT
+from ..data.graded_arithmetic import ANSWER_FORMAT, SPLITS, normalise_question
 from ..rewards.functions import is_missing
 from .cli import RecipeScriptArguments
 
@@ -30,7 +30,8 @@ def load_recipe_dataset(
     when the answer column exists.
 
     The eval split is `--dataset_test_split` when the dataset has it, else the last `num_eval_samples` training rows
-    are held out. Returns `(None, None)` if neither source is given (the recipe then uses its built-in data).
+    are held out, after repeated questions are dropped and with no held-out question among the training rows
+    (`deduplicated_heldout_split`). Returns `(None, None)` if neither source is given (the recipe then uses its built-in data).
 
     Rows without a question are left out (and counted in a warning); rows without a gold answer keep `solution=None`
     (counted in a warning). An empty training set, a malformed data file (named, with its line where known) and
@@ -58,12 +59,8 @@ def load_recipe_dataset(
 
     train = splits[script_args.dataset_train_split]
     test_split = script_args.dataset_test_split
-    if test_split in splits and test_split != script_args.dataset_train_split:
-        evaluation = splits[test_split].select(range(min(script_args.num_eval_samples, len(splits[test_split]))))
-    else:
-        held_out = min(script_args.num_eval_samples, len(train) // 5)
-        evaluation = train.select(range(len(train) - held_out, len(train))) if held_out else None
-        train = train.select(range(len(train) - held_out))
+    test = splits[test_split] if test_split in splits and test_split != script_args.dataset_train_split else None
+    train, evaluation = deduplicated_heldout_split(train, test, script_args)
     if script_args.num_train_samples is not None:
         train = train.select(range(min(script_args.num_train_samples, len(train))))
     prepare = _column_mapper(script_args, system_prompt, train.column_names, require_answer)
@@ -78,6 +75,59 @@ def load_recipe_dataset(
             "out evaluation rows and dropping rows without a question); check the file, the split and "
             "--question_column."
         )
+    return train, evaluation
+
+
+def prompt_key(value) -> str:
+    """A row's question (text, or a conversation's messages) as `normalise_question` writes it: two rows asking the
+    same thing (whitespace, case, operand order of `+` and `*` apart) share it."""
+    if isinstance(value, list):
+        value = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in value if isinstance(m, dict))
+    return normalise_question(str(value))
+
+
+def deduplicated_heldout_split(
+    train: Dataset, test: Dataset | None, script_args: RecipeScriptArguments
+) -> tuple[Dataset, Dataset | None]:
+    """`(train, held-out)` with no question in both, and each question once in each: rows are deduplicated by
+    `prompt_key` (the first of equal questions kept), the held-out rows are the first `num_eval_samples` of `test`
+    when given, else the last `num_eval_samples` of `train` (at most a fifth; none when that is 0), and training rows
+    asking a held-out question are dropped. What was done is logged (rows dropped, rows held out, from where)."""
+    column = "prompt" if "prompt" in train.column_names else script_args.question_column
+    if column not in train.column_names:  # the column mapping names the missing column
+        return train, test
+
+    def unique(dataset: Dataset, excluded: set[str] = frozenset()) -> tuple[Dataset, int]:
+        """The dataset without repeated questions and questions in `excluded`, and how many rows that drops."""
+        keys, keep = set(), []
+        for i, value in enumerate(dataset[column]):
+            key = None if is_missing(value) else prompt_key(value)  # rows without a question: counted later
+            if key is None or (key not in keys and key not in excluded):
+                keys.add(key)
+                keep.append(i)
+        return (dataset if len(keep) == len(dataset) else dataset.select(keep)), len(dataset) - len(keep)
+
+    train, repeated = unique(train)
+    if test is not None and column in test.column_names:
+        test, _ = unique(test)
+        evaluation = test.select(range(min(script_args.num_eval_samples, len(test))))
+        where = f"the first {len(evaluation)} distinct rows of split {script_args.dataset_test_split!r}"
+    else:
+        held_out = min(script_args.num_eval_samples, len(train) // 5)
+        evaluation = train.select(range(len(train) - held_out, len(train))) if held_out else None
+        train = train.select(range(len(train) - held_out))
+        where = f"the last {held_out} distinct rows of split {script_args.dataset_train_split!r}"
+    held = set() if evaluation is None else {prompt_key(v) for v in evaluation[column] if not is_missing(v)}
+    train, asked = unique(train, held)
+    logger.info(
+        "Held-out rows: %s (no shuffling, no seed). Training rows dropped: %d repeating an earlier training question "
+        "and %d asking a held-out one (same text after normalising whitespace, case and the order of + and * "
+        "operands); %d training rows left.",
+        where,
+        repeated,
+        asked,
+        len(train),
+    )
     return train, evaluation
 
 
@@ -212,16 +262,20 @@ def heldout_split(evaluation, training_args):
 
 def datasets_for(script_args, training_args):
     """`(train, evaluation)`: the given dataset (`--dataset_name`/`--dataset_path`), else the built-in graded
-    arithmetic, the held-out questions from another seed than the training ones (none with `--num_eval_samples 0`)."""
+    arithmetic: training (and warm-up) rows from its `train` split, held-out questions from `--eval_split` (`report`
+    or `tune`), disjoint by construction; none with `--num_eval_samples 0`."""
     system_prompt = script_args.system_prompt or ANSWER_FORMAT
     train, evaluation = load_recipe_dataset(script_args, system_prompt)
     if train is None:
+        split = getattr(script_args, "eval_split", "report")
+        if split not in SPLITS[1:]:
+            raise ValueError(f"--eval_split must be 'report' or 'tune' (got {split!r}); training uses 'train'.")
         train = graded_arithmetic(
-            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt
+            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt, split="train"
         )
         evaluation = None  # --num_eval_samples 0: no held-out evaluation
         if script_args.num_eval_samples:
             evaluation = graded_arithmetic(
-                script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt
+                script_args.num_eval_samples, seed=training_args.seed + 1, system_prompt=system_prompt, split=split
             )
     return train, evaluation

@@ -11,7 +11,9 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import get_peft_config
 
+from ..evaluation.agreement import sampling_agreement
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
+from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing
@@ -67,6 +69,16 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             How the warm-up's stated confidences are drawn (never from the question): `"weighted"`, mostly high as
             instruction-tuned models state confidence; `"uniform"`, every tenth equally likely, so that RL starts
             from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit.
+        agreement_samples (`int`, *optional*, defaults to `0`):
+            With k > 0, every report evaluation also samples k answers per held-out question at temperature 1 and
+            scores the share that agree with the greedy answer as a confidence: the untrained reference point beside
+            the stated confidence, with its cost in generated tokens (`sampling_agreement` in the report). About k
+            times the answers' generation time; greedy evaluations in one process only.
+        group_column (`str`, *optional*, defaults to `"level"`):
+            The held-out rows' column that groups the questions (the built-in data's difficulty level, or a column of
+            your file). The report then adds the AUROC within groups (right/wrong pairs of the same group only) and
+            the Brier skill against each group's accuracy: what the stated confidence knows beyond the group. Rows
+            without the column get no group metrics.
     """
 
     warmup_confidences: str = field(
@@ -86,6 +98,25 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "unparsable confidences scored as 0), under `rlcr_paper` in metrics.json."
         },
     )
+    agreement_samples: int = field(
+        default=0,
+        metadata={
+            "help": "Also score the held-out answers with the model's sampling agreement (k answers sampled at "
+            "temperature 1, the share agreeing with the greedy one) as an untrained reference; 0: off."
+        },
+    )
+    group_column: str | None = field(
+        default="level",
+        metadata={
+            "help": "Held-out rows' column grouping the questions (the built-in data's level): AUROC within groups "
+            "and Brier skill against each group's accuracy. Rows without it: no group metrics."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.agreement_samples < 0:
+            raise ValueError(f"--agreement_samples must be 0 (off) or more (got {self.agreement_samples}).")
 
 
 # What a reported evaluation depends on beyond the model: written to `evaluation_settings.json` with the model, and
@@ -104,8 +135,11 @@ EVALUATION_SETTINGS = (
     "confidence_tag",
     "lenient_parsing",
     "rlcr_paper_metrics",
+    "group_column",
+    "agreement_samples",
     # which rows
     "num_eval_samples",
+    "eval_split",
     "question_column",
     "answer_column",
     "answer_delimiter",
@@ -149,32 +183,77 @@ def reuse_evaluation_settings(argv: list[str]) -> list[str]:
 
 
 def write_evaluation(result, output_dir, name):
-    """`reliability_<name>.png`, and every answer and confidence in `eval_<name>.json`."""
+    """`reliability_<name>.png`, the metrics with their intervals in `eval_<name>.json`, and every question, answer
+    and confidence in `eval_<name>.jsonl` (one line per answer)."""
     output_dir = Path(output_dir)
     reliability_diagram(
         result.report,
         output_dir / f"reliability_{name}.png",
-        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}",
+        title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}"
+        + _group_caption(result.report),
     )
-    write_json(output_dir / f"eval_{name}.json", result.rows)
+    write_json(output_dir / f"eval_{name}.json", result.to_dict())
+    write_jsonl(output_dir / f"eval_{name}.jsonl", result.rows)
 
 
-def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False):
+def _group_caption(report) -> str:
+    """The plot title's second line: what a constant or a group-only confidence would not score."""
+    line = f"\nBrier skill {_num(report.brier_skill)}"
+    if report.auroc_within_groups is not None:
+        line += f", AUROC within groups {_num(report.auroc_within_groups)}"
+    return line
+
+
+def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, agreement_samples=0):
     """The held-out evaluation of the trainer's model (`trainer.evaluate()`, a collective: every process calls it) as
     a calibration report; the main process writes its files. `reuse_last`: the model was evaluated last at this step
-    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again."""
+    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again.
+    `agreement_samples`: also the sampling agreement of the greedy answers (`--agreement_samples`)."""
     if not reuse_last:
         trainer.evaluate(evaluation)
     k = trainer.args.eval_num_samples
     golds = evaluation[trainer.args.solution_column]
     rows = [
-        {"gold": None if is_missing(golds[i // k]) else str(golds[i // k]), **record}
+        {**record, "gold": None if is_missing(golds[i // k]) else str(golds[i // k])}
         for i, record in enumerate(trainer.heldout_records)
     ]
-    result = calibration_evaluation(rows, rlcr_paper_convention=rlcr_paper_metrics)
+    cost = None
+    if agreement_samples:
+        cost = add_sampling_agreement(trainer, evaluation, rows, agreement_samples)
+    result = calibration_evaluation(
+        rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed, agreement_cost=cost
+    )
     if trainer.accelerator.is_main_process:
         write_evaluation(result, trainer.args.output_dir, name)
     return result
+
+
+def add_sampling_agreement(trainer, evaluation, rows, k) -> dict:
+    """Each row's `agreement`: the share of k answers sampled at temperature 1 (the trainer's model, its prompt
+    rendering) that agree with the row's greedy answer; returns the cost (`samples_per_question`,
+    `generated_tokens`)."""
+    args = trainer.args
+    if trainer.accelerator.num_processes > 1 or args.eval_num_samples != 1 or args.eval_temperature > 0:
+        raise ValueError(
+            "--agreement_samples needs a greedy evaluation (--eval_num_samples 1, --eval_temperature 0) in one "
+            "process; run the evaluation without accelerate's multi-process launch, or set --agreement_samples 0."
+        )
+    prompt_ids = trainer._heldout_prompt_ids(list(evaluation["prompt"]))
+    shares, tokens = sampling_agreement(
+        trainer.accelerator.unwrap_model(trainer.model),
+        trainer.processing_class,
+        prompt_ids,
+        [row["answer"] for row in rows],
+        k,
+        args.max_completion_length,
+        args.answer_tag,
+        args.lenient_parsing,
+        batch_size=max(1, 200 // k),  # about 200 sampled rows per generation call, as the held-out batch
+        seed=args.seed,
+    )
+    for row, share in zip(rows, shares, strict=True):
+        row["agreement"] = share
+    return {"samples_per_question": k, "generated_tokens": tokens}
 
 
 def card_results(report):
@@ -189,6 +268,12 @@ def card_results(report):
                     f"ECE ({name})": r.report.ece,
                     f"Brier ({name})": r.report.brier,
                     f"AUROC ({name})": r.report.auroc,
+                    f"Brier skill ({name})": r.report.brier_skill,
+                    **(
+                        {f"AUROC within groups ({name})": r.report.auroc_within_groups}
+                        if r.report.auroc_within_groups is not None
+                        else {}
+                    ),
                 }
             )
     return results
@@ -197,6 +282,41 @@ def card_results(report):
 def _num(value):
     """3 decimals; n/a when undefined (AUROC without both classes, any metric without a parsed confidence)."""
     return "n/a" if value is None or value != value else f"{value:.3f}"
+
+
+def _ci(report, name, value) -> str:
+    """A metric with its bootstrap 95% interval when the report has one: `0.500 [0.430, 0.570]`."""
+    interval = report.intervals.get(name)
+    return _num(value) + (f" [{_num(interval[0])}, {_num(interval[1])}]" if interval else "")
+
+
+def metrics_line(result, indent: str = "") -> str:
+    """Accuracy, ECE, Brier, AUROC, Brier skill (and within groups) with their intervals, on two lines."""
+    r = result.report
+    accuracy = _num(result.accuracy)
+    if result.accuracy_interval:
+        accuracy += f" [{_num(result.accuracy_interval[0])}, {_num(result.accuracy_interval[1])}]"
+    line = (
+        f"accuracy {accuracy}  ECE {_ci(r, 'ece', r.ece)}  Brier {_ci(r, 'brier', r.brier)}  "
+        f"AUROC {_ci(r, 'auroc', r.auroc)}  confidence parse failures {result.confidence_parse_fail_rate:.0%}"
+        f"\n{indent}Brier skill {_ci(r, 'brier_skill', r.brier_skill)}"
+    )
+    if r.auroc_within_groups is not None:
+        line += (
+            f"  AUROC within groups {_ci(r, 'auroc_within_groups', r.auroc_within_groups)}  Brier skill against "
+            f"the groups' accuracies {_ci(r, 'brier_skill_groups', r.brier_skill_groups)}"
+        )
+    a = result.agreement_report
+    if a is not None:
+        cost = result.agreement_cost or {}
+        line += (
+            f"\n{indent}reference, sampling agreement of {cost.get('samples_per_question')} answers at temperature 1 "
+            f"({cost.get('generated_tokens')} generated tokens): AUROC {_ci(a, 'auroc', a.auroc)}  Brier skill "
+            f"{_ci(a, 'brier_skill', a.brier_skill)}"
+        )
+        if a.auroc_within_groups is not None:
+            line += f"  AUROC within groups {_ci(a, 'auroc_within_groups', a.auroc_within_groups)}"
+    return line
 
 
 def _paper_line(result):
@@ -240,11 +360,9 @@ def summary(report, output_dir, seconds):
     for key, label in names.items():
         if key in report:
             r = report[key]
-            lines.append(
-                f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
-                f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
-                f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}"
-            )
+            lines.append(f"{label:>38}: {metrics_line(r, ' ' * 40)}{_paper_line(r)}")
+    if lines:
+        lines.append(f"{'':>40}(bootstrap 95% intervals in brackets)")
     lines.append(time_summary(seconds))
     lines.append(f"report and plots in {output_dir}:")
     lines += [f"  {name}: {what}" for name, what in PLOTS.items() if (Path(output_dir) / name).is_file()]
@@ -284,6 +402,7 @@ def main(script_args, training_args, model_args):
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+    trainer.heldout_group_column = script_args.group_column
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
     # model is then evaluated after training only.
     before_log = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
@@ -299,10 +418,18 @@ def main(script_args, training_args, model_args):
                 training_args,
                 batch_size=training_args.per_device_eval_batch_size,
                 rlcr_paper_convention=script_args.rlcr_paper_metrics,
+                group_column=script_args.group_column,
+                agreement_samples=script_args.agreement_samples,
             )
             write_evaluation(report["base"], output_dir, "base")
             del base
-        report["before"] = heldout_evaluation(trainer, evaluation, "before", script_args.rlcr_paper_metrics)
+        report["before"] = heldout_evaluation(
+            trainer,
+            evaluation,
+            "before",
+            script_args.rlcr_paper_metrics,
+            agreement_samples=script_args.agreement_samples,
+        )
         before_log = [trainer.state.log_history[-1]]
         seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
@@ -315,7 +442,9 @@ def main(script_args, training_args, model_args):
     if evaluation is not None:
         clock = time.monotonic()
         reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
-        report["after"] = heldout_evaluation(trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse)
+        report["after"] = heldout_evaluation(
+            trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse, script_args.agreement_samples
+        )
         seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
     history = before_log + trainer.state.log_history
     if trainer.accelerator.is_main_process:
@@ -323,7 +452,14 @@ def main(script_args, training_args, model_args):
             plot_reliability_diagrams(
                 {k: report[k].report for k in ("before", "after")},
                 output_dir / "reliability_before_after.png",
-                title="RLCR: before vs after RL",
+                title="RLCR: before vs after RL (held-out; Brier skill "
+                f"{_num(report['before'].report.brier_skill)} -> {_num(report['after'].report.brier_skill)}"
+                + (
+                    f", AUROC within groups {_num(report['before'].report.auroc_within_groups)} -> "
+                    f"{_num(report['after'].report.auroc_within_groups)})"
+                    if report["after"].report.auroc_within_groups is not None
+                    else ")"
+                ),
             )
         plot_learning_curves(
             history, CURVES, output_dir / "learning_curves.png", title="RLCR training (per logging step)"
@@ -357,19 +493,19 @@ def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
     trainer = RLCRMultiTurnTrainer(
         model=model_path, args=training_args, train_dataset=evaluation, processing_class=tokenizer
     )
+    trainer.heldout_group_column = script_args.group_column
     if parameters_sharded(trainer):
         raise ValueError(
             "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
             "launch it without the sharded accelerate config."
         )
-    result = heldout_evaluation(trainer, evaluation, "eval", script_args.rlcr_paper_metrics)
+    result = heldout_evaluation(
+        trainer, evaluation, "eval", script_args.rlcr_paper_metrics, agreement_samples=script_args.agreement_samples
+    )
     if not trainer.accelerator.is_main_process:
         return
     output_dir = Path(training_args.output_dir)
     write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
     if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
         write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
-    print(
-        f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
-        f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
-    )
+    print(f"{metrics_line(result)}{_paper_line(result)}\n(bootstrap 95% intervals in brackets) -> {output_dir}")

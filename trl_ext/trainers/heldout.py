@@ -13,6 +13,9 @@ are computed over the whole set on every process, identically, by the pure funct
 Generation settings for the evaluation are applied for its calls only (`scoping.evaluation_generation`): greedy by
 default, or `eval_num_samples` completions per question sampled at `eval_temperature`, seeded with `args.seed`.
 
+Each record also carries its question (`prompt`) and group (`group`: the `heldout_group_column` of its row, the
+level by default), and the main process writes them to `<output_dir>/heldout/<prefix>_step<N>.jsonl`.
+
 A trainer implements `_heldout_records(rows, num_samples)` (one record per sample, `num_samples` per row in row order,
 the same number of generation calls whatever the rows) and `_heldout_metrics(rows, records)`.
 """
@@ -23,12 +26,14 @@ import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from trl.data_utils import is_conversational
 
+from ..evaluation.records import DEFAULT_GROUP_COLUMN, with_questions, write_jsonl
 from ..evaluation.solver import reply_message
 from .scoping import TurnGeneration, evaluation_generation, scoped_call
 
@@ -41,6 +46,8 @@ class HeldoutEvaluation:
     `eval_num_samples` per question; identical on every process), for reports and plots beyond the logged metrics."""
     heldout_step: int | None = None
     """The training step (`state.global_step`) at which those records were made."""
+    heldout_group_column: str | None = DEFAULT_GROUP_COLUMN
+    """The evaluation rows' column copied into each record as its `group` (the metrics within groups use it)."""
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Answer the evaluation questions with the current model and log the trainer's held-out metrics.
@@ -98,8 +105,12 @@ class HeldoutEvaluation:
             raise RuntimeError(f"{len(records)} evaluation records for {share} rows of {num_samples} samples.")
         kept = records[: len(indices) * num_samples]  # padding rows come last
         gathered = gather_object([kept])
-        self.heldout_records = [record for part in gathered for record in part]
+        records = [record for part in gathered for record in part]
+        self.heldout_records = with_questions(records, rows, num_samples, self.heldout_group_column)
         self.heldout_step = self.state.global_step
+        if self.accelerator.is_main_process:  # per-sample records beside the log, one file per evaluation
+            name = f"{metric_key_prefix}_step{self.state.global_step}.jsonl"
+            write_jsonl(Path(self.args.output_dir) / "heldout" / name, self.heldout_records)
         metrics = self._heldout_metrics(rows, self.heldout_records)
         metrics["seconds"] = time.monotonic() - start
         logs = {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}

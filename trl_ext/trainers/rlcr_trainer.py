@@ -376,7 +376,9 @@ class RLCRMultiTurnTrainer(
         ]
 
     def _heldout_metrics(self, rows, records):
-        metrics = calibration_metrics([r["correct"] for r in records], [r["confidence"] for r in records])
+        metrics = calibration_metrics(
+            [r["correct"] for r in records], [r["confidence"] for r in records], [r.get("group") for r in records]
+        )
         metrics["answer/parse_fail_rate"] = 1.0 - sum(r["answer_parsed"] for r in records) / len(records)
         metrics["num_questions"] = float(len(rows))
         return metrics

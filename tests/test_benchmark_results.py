@@ -1,0 +1,64 @@
+"""The benchmark scripts' results writer: provenance in every result JSON, per-sample records beside it, and the
+merge of runs that belong together (benchmarks/common.py, benchmarks/merge_results.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_ext.evaluation.records import read_jsonl
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+common = pytest.importorskip("common")
+
+
+def test_result_records_its_provenance_and_samples(tmp_path):
+    path = common.write_result(tmp_path / "r.json", {"x": 1.5}, seeds=[42, 43], records=[{"correct": 1}])
+    result = json.loads(path.read_text())
+    provenance = result["provenance"]
+    assert result["x"] == 1.5 and provenance["seeds"] == [42, 43]
+    assert set(provenance["packages"]) >= {"torch", "transformers", "trl", "peft", "accelerate", "datasets"}
+    assert provenance["packages"]["trl"] and provenance["device"] and provenance["command"]
+    assert provenance["commit"] is None or len(provenance["commit"].removesuffix("-dirty")) == 40
+    assert result["records_file"] == "r.jsonl" and read_jsonl(tmp_path / "r.jsonl") == [{"correct": 1}]
+
+
+def test_merge_keeps_every_run_and_each_files_provenance():
+    a = {"tag": "h100", "extra_flags": ["--max_steps", "48"], "runs": {"base@42": {"v": 1}}, "provenance": {"p": 1}}
+    b = {"tag": "h100", "extra_flags": ["--max_steps", "16"], "runs": {"base@1": {"v": 2}}, "provenance": {"p": 2}}
+    merged = common.merge_results({"a.json": a, "b.json": b})
+    assert merged["runs"] == {"base@42": {"v": 1}, "base@1": {"v": 2}} and merged["tag"] == "h100"
+    assert "extra_flags" not in merged  # not shared: kept per file
+    assert merged["merged_from"] == [
+        {"file": "a.json", "provenance": {"p": 1}, "extra_flags": ["--max_steps", "48"]},
+        {"file": "b.json", "provenance": {"p": 2}, "extra_flags": ["--max_steps", "16"]},
+    ]
+    with pytest.raises(ValueError, match="'base@42' is in both a.json and c.json"):
+        common.merge_results({"a.json": a, "c.json": a})
+
+
+def test_merge_script_concatenates_records(tmp_path):
+    for name, run in (("a", "x"), ("b", "y")):
+        common.write_result(tmp_path / f"{name}.json", {"runs": {run: {}}}, records=[{"run": run}])
+    out = tmp_path / "merged.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "merge_results.py"),
+            str(out),
+            str(tmp_path / "a.json"),
+            str(tmp_path / "b.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    merged = json.loads(out.read_text())
+    assert set(merged["runs"]) == {"x", "y"} and "provenance" in merged
+    assert read_jsonl(tmp_path / "merged.jsonl") == [{"file": "a.json", "run": "x"}, {"file": "b.json", "run": "y"}]

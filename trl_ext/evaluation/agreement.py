@@ -1,0 +1,89 @@
+"""The untrained reference point beside a stated confidence: the model's own sampling agreement.
+
+Sample `k` answers to a question at temperature 1 and take the share that agree with the model's greedy answer as a
+confidence in that answer (self-consistency). It needs no training, only `k` more generations per question: its cost
+is reported in generated tokens, so that a stated confidence (one short second turn) can be weighed against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..rewards import extract_answer
+from ..rewards.parsing import normalize_answer
+
+
+def agreement_share(reference: str | None, samples: Sequence[str | None]) -> float:
+    """The share of `samples` (parsed answers, `None`: unparsable) equal to `reference` after `normalize_answer`;
+    0 when the reference answer is missing (nothing to agree with) or there are no samples."""
+    if not samples or reference is None or not normalize_answer(reference):
+        return 0.0
+    target = normalize_answer(reference)
+    return sum(sample is not None and normalize_answer(sample) == target for sample in samples) / len(samples)
+
+
+@torch.no_grad()
+def sampled_completions(
+    model, tokenizer, prompts: list[list[int]], k: int, max_new_tokens: int, temperature: float = 1.0, seed: int = 0
+) -> list[list[list[int]]]:
+    """`k` completions per prompt sampled at `temperature` (seeded: the same for the same model and seed, whatever
+    the global RNG), each cut after EOS. Prompts are left-padded into one batch of `len(prompts) * k` rows."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rows = [p for p in prompts for _ in range(k)]
+    width = max(len(p) for p in rows)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=model.device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=model.device)
+    devices = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    completions = []
+    for row in out[:, width:].tolist():
+        completions.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
+    return [completions[i * k : (i + 1) * k] for i in range(len(prompts))]
+
+
+def sampling_agreement(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    greedy_answers: list[str],
+    k: int,
+    max_new_tokens: int,
+    answer_tag: str = "answer",
+    lenient: bool = False,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> tuple[list[float], int]:
+    """Per prompt (token ids, rendered as for the greedy answer), the share of `k` answers sampled at temperature 1
+    that agree with its greedy reply `greedy_answers[i]` (text; answers parsed with `answer_tag`/`lenient`), and
+    the number of tokens the samples generated (their cost)."""
+    was_training = model.training
+    model.eval()
+    shares, tokens = [], 0
+    try:
+        for start in range(0, len(prompts), batch_size):
+            batch = prompts[start : start + batch_size]
+            samples = sampled_completions(model, tokenizer, batch, k, max_new_tokens, seed=seed + start)
+            for greedy, completions in zip(greedy_answers[start : start + batch_size], samples):
+                tokens += sum(len(c) for c in completions)
+                parsed = [
+                    extract_answer(tokenizer.decode(c, skip_special_tokens=True), answer_tag, lenient)
+                    for c in completions
+                ]
+                shares.append(agreement_share(extract_answer(greedy, answer_tag, lenient), parsed))
+    finally:
+        model.train(was_training)
+    return shares, tokens
