@@ -15,7 +15,7 @@ from ..rewards import LLMJudge
 from ..self_play import arithmetic_task, code_reasoning_task, workspace_task
 from ..self_play.workspace import render_judge_request
 from ..trainers import AbsoluteZeroTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, load_models_as, resolve_model
+from .cli import FormatWarmupArguments, RecipeScriptArguments, load_models_as, load_reward_funcs, resolve_model
 from .data import load_recipe_dataset
 from .outputs import (
     parameters_sharded,
@@ -35,6 +35,8 @@ TASKS = ("arithmetic", "workspace", "code")  # --task choices
 class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags (no answer column is
     needed: gold answers come from the proposals) and [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
+    `--reward_funcs` are added to the task family's solver rewards (which decide correctness, learnability and the
+    held-out accuracy), each weighted 1 unless `--reward_weights` gives every solver reward its weight.
 
     Parameters:
         task (`str`, *optional*, defaults to `"arithmetic"`):
@@ -233,15 +235,16 @@ def main(script_args, training_args, model_args):
     warmup = None
     if script_args.warmup_samples:
         model_path, warmup = warm_up(model_path, tokenizer, task, script_args, training_args)
+    own_rewards = load_reward_funcs(script_args.reward_funcs)
     if training_args.reward_weights is None and task.reward_weights is not None:
-        training_args.reward_weights = list(task.reward_weights)
+        training_args.reward_weights = [*task.reward_weights, *[1.0] * len(own_rewards)]
     if training_args.learnability_criteria is None and task.learnability_criteria is not None:
         training_args.learnability_criteria = [dict(c) for c in task.learnability_criteria]
 
     load_models_as(model_args, training_args)
     trainer = AbsoluteZeroTrainer(
         model=model_path,
-        reward_funcs=task.reward_funcs,
+        reward_funcs=[*task.reward_funcs, *own_rewards],
         args=training_args,
         train_dataset=train,
         # evaluate() answers the family's held-out solver questions (`--eval_strategy steps --eval_steps N`)

@@ -3,6 +3,7 @@ falls back to with no model and no config, the CPU fallback without an accelerat
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -40,6 +41,13 @@ class RecipeScriptArguments(ScriptArguments):
         num_eval_samples (`int`, *optional*, defaults to `64`):
             Rows for the calibration evaluation before and after training (RLCR) and for the held-out evaluation
             during training (`--eval_strategy steps --eval_steps N`): the test split, or held out.
+        reward_funcs (`list[str]`, *optional*):
+            Your own reward functions, as in TRL's `trl grpo`: dotted import paths (`my_rewards.brevity`, the module
+            found from the working directory or `PYTHONPATH`) or a name from `trl.rewards` (`accuracy_reward`,
+            `think_format_reward`, `reasoning_accuracy_reward`). Each has TRL's signature,
+            `f(prompts, completions, completion_ids, **kwargs) -> list[float | None]`, dataset columns arriving as
+            keyword lists. What the recipe does with them: see the recipe (replay: they replace the built-in rewards;
+            RLCR: added to the answer rows' accuracy; Absolute Zero: added to the task family's solver rewards).
     """
 
     dataset_path: str | None = field(default=None, metadata={"help": "Local .json/.jsonl/.parquet/.csv dataset."})
@@ -51,6 +59,13 @@ class RecipeScriptArguments(ScriptArguments):
     system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
     num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
     num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after and held-out evaluations."})
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Your reward functions: dotted import paths (my_module.my_reward) or trl.rewards names "
+            "(accuracy_reward, think_format_reward, reasoning_accuracy_reward); several allowed."
+        },
+    )
 
 
 @dataclass
@@ -242,6 +257,43 @@ def _accelerator_available() -> bool:
 
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
     return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+# `trl.rewards` functions `--reward_funcs` takes by name, as TRL's `trl grpo` does.
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+
+
+def load_function(path: str, flag: str):
+    """The function a command line names as `module.attr` (imported from the working directory or `PYTHONPATH`, as
+    TRL's `trl grpo` does); an error names the flag, the module and the attribute."""
+    if "." not in path.strip("."):
+        raise ValueError(f"{flag} {path!r}: give a dotted import path, module.function (e.g. my_rewards.brevity).")
+    module_name, attr = path.rsplit(".", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"{flag} {path!r}: cannot import the module {module_name!r} ({type(error).__name__}: {error}). Run from "
+            "the directory that holds it, or add that directory to PYTHONPATH."
+        ) from error
+    if not hasattr(module, attr):
+        raise ValueError(f"{flag} {path!r}: the module {module_name!r} ({module.__file__}) has no attribute {attr!r}.")
+    function = getattr(module, attr)
+    if not callable(function):
+        raise ValueError(f"{flag} {path!r}: {attr!r} in the module {module_name!r} is not a function.")
+    return function
+
+
+def load_reward_funcs(paths: Sequence[str] | None) -> list:
+    """`--reward_funcs`: each a `trl.rewards` name or a dotted path (see [`load_function`])."""
+    import trl.rewards
+
+    return [
+        getattr(trl.rewards, path) if path in TRL_REWARDS else load_function(path, "--reward_funcs")
+        for path in paths or []
+    ]
 
 
 def resolve_model(model_name_or_path: str | None) -> str:

@@ -10,7 +10,7 @@ from trl import get_peft_config
 
 from ..rewards import make_accuracy_reward, make_format_reward
 from ..trainers import ReplayGRPOTrainer
-from .cli import RecipeScriptArguments, load_models_as, resolve_model
+from .cli import RecipeScriptArguments, load_models_as, load_reward_funcs, resolve_model
 from .data import datasets_for, heldout_split
 from .outputs import plot_heldout_curves, plot_learning_curves, save_final_model, write_json, write_model_card
 
@@ -26,13 +26,16 @@ CURVES = [
 
 @dataclass
 class ReplayScriptArguments(RecipeScriptArguments):
-    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags.
+    """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags. `--reward_funcs`
+    replaces the built-in accuracy and format rewards (as in TRL's `trl grpo`, they are then the run's rewards);
+    success, for the buffer, is read from `--success_reward` (default: the first).
 
     Parameters:
         lenient_parsing (`bool`, *optional*, defaults to `False`):
             Score an untagged final number as the answer (small models often drop the `<answer>` tag).
         format_weight (`float`, *optional*, defaults to `0.5`):
-            Weight of the format reward next to accuracy (weight 1). Success, for the buffer, is accuracy alone.
+            Weight of the format reward next to accuracy (weight 1). Success, for the buffer, is accuracy alone. Not
+            used with `--reward_funcs` (weigh those with `--reward_weights`).
     """
 
     lenient_parsing: bool = field(default=False, metadata={"help": "Read untagged final numbers as answers."})
@@ -72,6 +75,16 @@ def card_results(steps, experience):
     }
 
 
+def reward_funcs(script_args, training_args):
+    """`--reward_funcs` as given, else the built-in accuracy and format rewards, weighted 1 and `--format_weight`
+    unless `--reward_weights` says otherwise."""
+    if script_args.reward_funcs:
+        return load_reward_funcs(script_args.reward_funcs)
+    if training_args.reward_weights is None:
+        training_args.reward_weights = [1.0, script_args.format_weight]
+    return [make_accuracy_reward(lenient=script_args.lenient_parsing), make_format_reward()]
+
+
 def main(script_args, training_args, model_args):
     """`recipes/replay_grpo.py`: build the data and trainer, train, and report (metrics.json, plots, model card)."""
     output_dir = Path(training_args.output_dir)
@@ -80,11 +93,9 @@ def main(script_args, training_args, model_args):
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     train, evaluation = datasets_for(script_args, training_args)
     load_models_as(model_args, training_args)
-    if training_args.reward_weights is None:
-        training_args.reward_weights = [1.0, script_args.format_weight]
     trainer = ReplayGRPOTrainer(
         model=model_path,
-        reward_funcs=[make_accuracy_reward(lenient=script_args.lenient_parsing), make_format_reward()],
+        reward_funcs=reward_funcs(script_args, training_args),
         args=training_args,
         train_dataset=train,
         # evaluate() on the held-out split every --eval_steps (`eval_*` in the log, heldout_curves.png)

@@ -14,9 +14,17 @@ from trl import get_peft_config
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
-from ..rewards.functions import is_missing
+from ..rewards.functions import is_missing, verify_answer
 from ..trainers import RLCRMultiTurnTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, _flag_names, load_models_as, resolve_model
+from .cli import (
+    FormatWarmupArguments,
+    RecipeScriptArguments,
+    _flag_names,
+    load_function,
+    load_models_as,
+    load_reward_funcs,
+    resolve_model,
+)
 from .data import datasets_for, heldout_split
 from .outputs import (
     parameters_sharded,
@@ -52,6 +60,11 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
 
     Parameters:
+        accuracy_func (`str`, *optional*):
+            Your own correctness check, as a dotted import path (`my_checks.same_answer`): a function
+            `f(gold: str, prediction: str) -> bool` given the gold answer and the text inside the answer tag, used in
+            training and in every evaluation. Unset: `trl_ext.rewards.verify_answer` (math_verify, then a normalised
+            exact match). If it raises, the row is scored `None` and counted in `errors/accuracy_func_rate`.
         eval_only (`bool`, *optional*, defaults to `False`):
             Only evaluate `--model_name_or_path` (greedy answer + confidence) and write the calibration report.
         rlcr_paper_metrics (`bool`, *optional*, defaults to `False`):
@@ -75,6 +88,10 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "help": "Draw of the warm-up's stated confidences: 'weighted' (mostly high) or 'uniform'.",
             "choices": ["weighted", "uniform"],
         },
+    )
+    accuracy_func: str | None = field(
+        default=None,
+        metadata={"help": "Your correctness check f(gold: str, prediction: str) -> bool, as module.function."},
     )
     eval_only: bool = field(
         default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."}
@@ -146,6 +163,11 @@ def reuse_evaluation_settings(argv: list[str]) -> list[str]:
     if flags:
         print(f"trl-ext: --eval_only reuses the evaluation settings of {path}: {' '.join(flags)}", file=sys.stderr)
     return [*argv, *flags]
+
+
+def accuracy_func(script_args):
+    """`--accuracy_func`, loaded (`None`: the trainer's default, `verify_answer`)."""
+    return load_function(script_args.accuracy_func, "--accuracy_func") if script_args.accuracy_func else None
 
 
 def write_evaluation(result, output_dir, name):
@@ -277,6 +299,8 @@ def main(script_args, training_args, model_args):
 
     trainer = RLCRMultiTurnTrainer(
         model=model_path,
+        reward_funcs=load_reward_funcs(script_args.reward_funcs),
+        accuracy_func=accuracy_func(script_args),
         args=training_args,
         train_dataset=train,
         # evaluate() on the held-out split every --eval_steps (`eval_*` in the log, heldout_curves.png)
@@ -299,6 +323,7 @@ def main(script_args, training_args, model_args):
                 training_args,
                 batch_size=training_args.per_device_eval_batch_size,
                 rlcr_paper_convention=script_args.rlcr_paper_metrics,
+                accuracy_func=accuracy_func(script_args) or verify_answer,
             )
             write_evaluation(report["base"], output_dir, "base")
             del base
@@ -355,7 +380,12 @@ def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
     if evaluation is None:
         raise ValueError("--eval_only needs held-out rows: give --num_eval_samples or a --dataset_test_split.")
     trainer = RLCRMultiTurnTrainer(
-        model=model_path, args=training_args, train_dataset=evaluation, processing_class=tokenizer
+        model=model_path,
+        reward_funcs=load_reward_funcs(script_args.reward_funcs),
+        accuracy_func=accuracy_func(script_args),
+        args=training_args,
+        train_dataset=evaluation,
+        processing_class=tokenizer,
     )
     if parameters_sharded(trainer):
         raise ValueError(
