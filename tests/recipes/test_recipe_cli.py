@@ -157,3 +157,25 @@ def test_eval_only_with_a_named_model_runs_on_a_machine_without_gpu(tmp_path):
     assert "gradient_checkpointing" not in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["eval"]["num_rows"] == 2 and (out / "reliability_eval.png").is_file()
+
+
+def test_one_flag_per_concept(tmp_path):
+    """`--solution_column` in the recipe says to use `--answer_column`; the `--num_generations_answer` alias works and
+    its errors name it; a YAML with an unknown key fails naming the key."""
+    from trl import ModelConfig, TrlParser
+
+    from trl_ext.recipe.rlcr import check_one_answer_column
+
+    parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
+    base = ["--output_dir", str(tmp_path), *CPU_FLAGS, "--per_device_train_batch_size", "4"]
+    _, training_args, _ = parser.parse_args_and_config(args=[*base, "--solution_column", "gold"])
+    with pytest.raises(ValueError, match="--solution_column 'gold': .* --answer_column gold"):
+        check_one_answer_column(training_args)
+    _, training_args, _ = parser.parse_args_and_config(args=[*base, "--num_generations_answer", "4"])
+    assert training_args.num_generations == 4
+    with pytest.raises(ValueError, match=r"divisible by .*\(3\).*num_generations_answer sets"):
+        parser.parse_args_and_config(args=[*base, "--num_generations_answer", "3"])
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 2\nmax_stepz: 3\n")
+    with pytest.raises(ValueError, match="max_stepz"):
+        parser.parse_args_and_config(args=["--config", str(config), *base, "--num_generations", "4"])

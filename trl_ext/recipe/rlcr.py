@@ -165,6 +165,17 @@ def reuse_evaluation_settings(argv: list[str]) -> list[str]:
     return [*argv, *flags]
 
 
+def check_one_answer_column(training_args):
+    """The recipe names the gold-answer column with `--answer_column` (copied to `solution`, the trainer's
+    `solution_column`): a second flag for the same thing is refused rather than half-applied."""
+    if training_args.solution_column != "solution":
+        raise ValueError(
+            f"--solution_column {training_args.solution_column!r}: in the recipe, name your gold-answer column with "
+            f"--answer_column {training_args.solution_column} (the recipe copies it to `solution`, the column the "
+            "trainer reads); --solution_column is for the Python API."
+        )
+
+
 def accuracy_func(script_args):
     """`--accuracy_func`, loaded (`None`: the trainer's default, `verify_answer`)."""
     return load_function(script_args.accuracy_func, "--accuracy_func") if script_args.accuracy_func else None
@@ -279,6 +290,7 @@ def main(script_args, training_args, model_args):
     trainer's held-out evaluation (`trainer.evaluate()`), with the settings saved beside the model."""
     started = time.monotonic()
     seconds = {}
+    check_one_answer_column(training_args)
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model(model_args.model_name_or_path)
