@@ -167,7 +167,7 @@ def test_one_flag_per_concept(tmp_path):
     from trl_ext.recipe.rlcr import check_one_answer_column
 
     parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
-    base = ["--output_dir", str(tmp_path), *CPU_FLAGS, "--per_device_train_batch_size", "4"]
+    base = ["--output_dir", str(tmp_path), *CPU_FLAGS, "--per_device_train_batch_size", "4", "--num_generations", "4"]
     _, training_args, _ = parser.parse_args_and_config(args=[*base, "--solution_column", "gold"])
     with pytest.raises(ValueError, match="--solution_column 'gold': .* --answer_column gold"):
         check_one_answer_column(training_args)
@@ -178,4 +178,4 @@ def test_one_flag_per_concept(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("max_steps: 2\nmax_stepz: 3\n")
     with pytest.raises(ValueError, match="max_stepz"):
-        parser.parse_args_and_config(args=["--config", str(config), *base, "--num_generations", "4"])
+        parser.parse_args_and_config(args=["--config", str(config), *base])
