@@ -178,9 +178,9 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     ]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (out / "reliability_eval.png").is_file()
-    metrics = json.loads((out / "metrics.json").read_text())["eval"]
-    rows = json.loads((out / "eval_eval.json").read_text())
+    assert (out / "evaluation_reliability.png").is_file()
+    metrics = json.loads((out / "evaluation.json").read_text())
+    rows = json.loads((out / "evaluation_rows.json").read_text())
     # ours over the parsed confidences; the paper's over every row, unparsable ones as 0
     assert metrics["n"] == sum(r["confidence"] is not None for r in rows)
     assert metrics["rlcr_paper"]["n"] == metrics["num_rows"] == 4

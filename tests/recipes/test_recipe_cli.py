@@ -155,8 +155,8 @@ def test_eval_only_with_a_named_model_runs_on_a_machine_without_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "no GPU found, running on CPU" in proc.stderr
     assert "gradient_checkpointing" not in proc.stderr
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["eval"]["num_rows"] == 2 and (out / "reliability_eval.png").is_file()
+    metrics = json.loads((out / "evaluation.json").read_text())
+    assert metrics["num_rows"] == metrics["questions"] == 2 and (out / "evaluation_reliability.png").is_file()
 
 
 def test_one_flag_per_concept(tmp_path):

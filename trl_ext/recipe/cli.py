@@ -4,6 +4,7 @@ falls back to with no model and no config, the CPU fallback without an accelerat
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import time
@@ -41,6 +42,12 @@ class RecipeScriptArguments(ScriptArguments):
         num_eval_samples (`int`, *optional*, defaults to `64`):
             Rows for the calibration evaluation before and after training (RLCR) and for the held-out evaluation
             during training (`--eval_strategy steps --eval_steps N`): the test split, or held out.
+        eval_only (`bool`, *optional*, defaults to `False`):
+            Evaluate `--model_name_or_path` (a full model, or a LoRA adapter directory: its base model is loaded and
+            the adapter merged) on the recipe's held-out evaluation instead of training. On a directory a recipe
+            trained, the run's dataset and evaluation settings (`evaluation_settings.json`) are reused unless flags
+            override them, and the report (`evaluation.json`, ...) is written beside the model unless `--output_dir`
+            is given.
         reward_funcs (`list[str]`, *optional*):
             Your own reward functions, as in TRL's `trl grpo`: dotted import paths (`my_rewards.brevity`, the module
             found from the working directory or `PYTHONPATH`) or a name from `trl.rewards` (`accuracy_reward`,
@@ -59,6 +66,9 @@ class RecipeScriptArguments(ScriptArguments):
     system_prompt: str | None = field(default=None, metadata={"help": "System message before each question."})
     num_train_samples: int | None = field(default=None, metadata={"help": "Cap on the number of training rows."})
     num_eval_samples: int = field(default=64, metadata={"help": "Rows for the before/after and held-out evaluations."})
+    eval_only: bool = field(
+        default=False, metadata={"help": "Evaluate --model_name_or_path (model or LoRA adapter) instead of training."}
+    )
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
@@ -164,6 +174,17 @@ def run_recipe(
     main(*parsed)
 
 
+def config_path(name: str) -> Path:
+    """A YAML shipped with the package (`trl_ext/recipe/configs/<name>`; `recipes/configs` in a clone links there)."""
+    from importlib.resources import files
+
+    path = Path(str(files("trl_ext.recipe") / "configs" / name))
+    if not path.is_file():
+        shipped = sorted(p.name for p in path.parent.glob("*.yaml"))
+        raise FileNotFoundError(f"No shipped config {name!r}; the package has {shipped}.")
+    return path
+
+
 def with_default_config(argv: Sequence[str], default_config: str | os.PathLike) -> list[str]:
     """Prepend `--config default_config` when the command line names neither a model nor a config.
 
@@ -257,6 +278,107 @@ def _accelerator_available() -> bool:
 
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
     return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+# The flags a recipe's evaluation depends on beyond the model, written beside the trained model and reused by
+# `--eval_only` on that directory (see `reuse_settings`): the data (which rows, how they are prompted) and the
+# generation and scoring shared by every recipe; each recipe adds its own.
+SETTINGS_FILE = "evaluation_settings.json"
+DATA_SETTINGS = (
+    "dataset_name",
+    "dataset_config",
+    "dataset_path",
+    "dataset_train_split",
+    "dataset_test_split",
+    "question_column",
+    "answer_column",
+    "answer_delimiter",
+    "system_prompt",
+    "num_train_samples",
+    "num_eval_samples",
+    "reward_funcs",
+    "seed",
+    "max_completion_length",
+    "chat_template_kwargs",
+    "eval_temperature",
+    "eval_num_samples",
+)
+
+
+def settings_values(names: Sequence[str], script_args, training_args) -> dict:
+    """The values of the settings `names` this run used (script arguments first, then the config)."""
+    values = {}
+    for name in names:
+        source = script_args if hasattr(script_args, name) else training_args
+        value = getattr(source, name)
+        values[name] = value.value if hasattr(value, "value") else value
+    return values
+
+
+def save_settings(output_dir, names: Sequence[str], script_args, training_args) -> None:
+    """Write the settings `names` to `output_dir/evaluation_settings.json`, for a later `--eval_only`."""
+    path = Path(output_dir) / SETTINGS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings_values(names, script_args, training_args), indent=2))
+
+
+def reuse_settings(argv: list[str], names: Sequence[str]) -> list[str]:
+    """For `--eval_only` on a local model directory: its saved settings (`evaluation_settings.json`, written by the
+    training run) as flags after `argv`, except those the command line names itself (flags override; they also
+    override a `--config`'s values, which describe a run rather than this model), and `--output_dir` the model
+    directory unless the command line names one (the report goes beside the model)."""
+    named = _flag_names(argv)
+    if "eval_only" not in named:
+        return argv
+    model = _flag_value(argv, "model_name_or_path")
+    if model is None or not Path(model).is_dir():
+        return argv
+    flags = [] if "output_dir" in named else ["--output_dir", model]
+    path = Path(model) / SETTINGS_FILE
+    if path.is_file():
+        for name, value in json.loads(path.read_text()).items():
+            if name in named or name not in names or value is None:
+                continue
+            if isinstance(value, list):
+                flags += [f"--{name}", *map(str, value)]
+            else:
+                flags += [f"--{name}", json.dumps(value) if isinstance(value, (dict, bool)) else str(value)]
+    if flags:
+        print(
+            f"trl-ext: --eval_only on {model}: {' '.join(flags)} (from {SETTINGS_FILE}; flags override)",
+            file=sys.stderr,
+        )
+    return [*argv, *flags]
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of `--name` on a command line (`--name v` or `--name=v`), else `None`."""
+    for i, arg in enumerate(argv):
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def eval_model(model_path: str, model_args, training_args):
+    """What `--eval_only` gives the trainer: the path of a full model (loaded as `ModelConfig` asks), or, for a LoRA
+    adapter directory (`adapter_config.json`), its base model with the adapter merged (base named in the adapter's
+    config). Returns `(model or path, tokenizer source)`."""
+    adapter_config = Path(model_path) / "adapter_config.json"
+    if not adapter_config.is_file():
+        load_models_as(model_args, training_args)
+        return model_path, model_path
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_name = PeftConfig.from_pretrained(model_path).base_model_name_or_path
+    print(f"trl-ext: {model_path} is a LoRA adapter: evaluating {base_name} with it merged", file=sys.stderr)
+    base = AutoModelForCausalLM.from_pretrained(base_name, dtype=model_args.dtype or "auto")
+    model = PeftModel.from_pretrained(base, model_path).merge_and_unload()
+    training_args.model_init_kwargs = None  # the model is built here
+    tokenizer_source = model_path if (Path(model_path) / "tokenizer_config.json").is_file() else base_name
+    return model, tokenizer_source
 
 
 # `trl.rewards` functions `--reward_funcs` takes by name, as TRL's `trl grpo` does.

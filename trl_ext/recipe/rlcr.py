@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,15 +13,21 @@ from ..evaluation.calibration import plot_reliability_diagrams, reliability_diag
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing, verify_answer
-from ..trainers import RLCRMultiTurnTrainer
+from ..trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 from .cli import (
+    DATA_SETTINGS,
     FormatWarmupArguments,
     RecipeScriptArguments,
-    _flag_names,
+    config_path,
+    eval_model,
     load_function,
     load_models_as,
     load_reward_funcs,
     resolve_model,
+    reuse_settings,
+    run_recipe,
+    save_settings,
+    settings_values,
 )
 from .data import datasets_for, heldout_split
 from .outputs import (
@@ -65,8 +69,6 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             `f(gold: str, prediction: str) -> bool` given the gold answer and the text inside the answer tag, used in
             training and in every evaluation. Unset: `trl_ext.rewards.verify_answer` (math_verify, then a normalised
             exact match). If it raises, the row is scored `None` and counted in `errors/accuracy_func_rate`.
-        eval_only (`bool`, *optional*, defaults to `False`):
-            Only evaluate `--model_name_or_path` (greedy answer + confidence) and write the calibration report.
         rlcr_paper_metrics (`bool`, *optional*, defaults to `False`):
             Also report ECE, Brier and AUROC in the RLCR paper's convention (a confidence on a bin edge in the upper
             bin, unparsable confidences scored as 0), to compare with its numbers; ours are always reported.
@@ -93,9 +95,6 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         default=None,
         metadata={"help": "Your correctness check f(gold: str, prediction: str) -> bool, as module.function."},
     )
-    eval_only: bool = field(
-        default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."}
-    )
     rlcr_paper_metrics: bool = field(
         default=False,
         metadata={
@@ -105,64 +104,28 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     )
 
 
-# What a reported evaluation depends on beyond the model: written to `evaluation_settings.json` with the model, and
-# reused by `--eval_only` on that directory (see `reuse_evaluation_settings`).
+# What a reported evaluation depends on beyond the model and the data: written to `evaluation_settings.json` with the
+# model, and reused by `--eval_only` on that directory (see `reuse_evaluation_settings`).
 EVALUATION_SETTINGS = (
-    # generation: lengths, prompts, the held-out evaluation's sampling (the before/after evaluation is greedy)
-    "max_completion_length",
+    *DATA_SETTINGS,
     "max_confidence_length",
     "confidence_prompt",
-    "system_prompt",
-    "chat_template_kwargs",
-    "eval_temperature",
-    "eval_num_samples",
-    # parsing and scoring
     "answer_tag",
     "confidence_tag",
     "lenient_parsing",
     "rlcr_paper_metrics",
-    # which rows
-    "num_eval_samples",
-    "question_column",
-    "answer_column",
-    "answer_delimiter",
-    "dataset_test_split",
-    "seed",
+    "accuracy_func",
 )
-SETTINGS_FILE = "evaluation_settings.json"
 
 
 def evaluation_settings(script_args, training_args) -> dict:
-    """The settings of `EVALUATION_SETTINGS` this run evaluated with (script arguments first)."""
-    settings = {}
-    for name in EVALUATION_SETTINGS:
-        source = script_args if hasattr(script_args, name) else training_args
-        value = getattr(source, name)
-        settings[name] = value.value if hasattr(value, "value") else value
-    return settings
+    """The settings of `EVALUATION_SETTINGS` this run evaluated with."""
+    return settings_values(EVALUATION_SETTINGS, script_args, training_args)
 
 
 def reuse_evaluation_settings(argv: list[str]) -> list[str]:
-    """For `--eval_only` on a model directory holding `evaluation_settings.json` (written by a training run): its
-    settings as flags after `argv`, except those the command line names itself (flags override). They also override
-    a `--config`'s values, which describe a run rather than this model."""
-    named = _flag_names(argv)
-    if "eval_only" not in named:
-        return argv
-    model = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model_name_or_path"), None)
-    model = model or next((a.split("=", 1)[1] for a in argv if a.startswith("--model_name_or_path=")), None)
-    path = Path(model) / SETTINGS_FILE if model else None
-    if path is None or not path.is_file():
-        return argv
-    saved = json.loads(path.read_text())
-    flags = []
-    for name, value in saved.items():
-        if name in named or name not in EVALUATION_SETTINGS or value is None:
-            continue
-        flags += [f"--{name}", json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)]
-    if flags:
-        print(f"trl-ext: --eval_only reuses the evaluation settings of {path}: {' '.join(flags)}", file=sys.stderr)
-    return [*argv, *flags]
+    """`--eval_only` on a directory this recipe trained: its settings, flags overriding (see `reuse_settings`)."""
+    return reuse_settings(argv, EVALUATION_SETTINGS)
 
 
 def check_one_answer_column(training_args):
@@ -181,21 +144,23 @@ def accuracy_func(script_args):
     return load_function(script_args.accuracy_func, "--accuracy_func") if script_args.accuracy_func else None
 
 
-def write_evaluation(result, output_dir, name):
-    """`reliability_<name>.png`, and every answer and confidence in `eval_<name>.json`."""
+def write_evaluation(result, output_dir, name, files=None):
+    """`reliability_<name>.png`, and every answer and confidence in `eval_<name>.json` (or the two `files` named)."""
+    plot, rows = files or (f"reliability_{name}.png", f"eval_{name}.json")
     output_dir = Path(output_dir)
     reliability_diagram(
         result.report,
-        output_dir / f"reliability_{name}.png",
+        output_dir / plot,
         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}",
     )
-    write_json(output_dir / f"eval_{name}.json", result.rows)
+    write_json(output_dir / rows, result.rows)
 
 
-def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False):
+def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, files=None):
     """The held-out evaluation of the trainer's model (`trainer.evaluate()`, a collective: every process calls it) as
-    a calibration report; the main process writes its files. `reuse_last`: the model was evaluated last at this step
-    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again."""
+    a calibration report; the main process writes its files (see `write_evaluation`). `reuse_last`: the model was
+    evaluated last at this step (the final `--eval_steps` evaluation), so its records are reported instead of
+    generating them again."""
     if not reuse_last:
         trainer.evaluate(evaluation)
     k = trainer.args.eval_num_samples
@@ -206,7 +171,7 @@ def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reus
     ]
     result = calibration_evaluation(rows, rlcr_paper_convention=rlcr_paper_metrics)
     if trainer.accelerator.is_main_process:
-        write_evaluation(result, trainer.args.output_dir, name)
+        write_evaluation(result, trainer.args.output_dir, name, files)
     return result
 
 
@@ -297,11 +262,10 @@ def main(script_args, training_args, model_args):
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     train, evaluation = datasets_for(script_args, training_args)
     dtype = model_args.dtype
-    load_models_as(model_args, training_args)
-
     if script_args.eval_only:
-        eval_only(model_path, evaluation, tokenizer, script_args, training_args)
+        eval_only(model_path, evaluation, script_args, training_args, model_args)
         return
+    load_models_as(model_args, training_args)
 
     report = {"model": model_path}
     if script_args.warmup_samples:
@@ -380,38 +344,69 @@ def main(script_args, training_args, model_args):
                 "train_log": history,
             },
         )
-        write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
+        save_settings(output_dir, EVALUATION_SETTINGS, script_args, training_args)
         print(summary(report, output_dir, seconds))
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
-    """`--eval_only`: the held-out evaluation of `model_path` (the trainer's, as in training; nothing is trained)."""
+# What `--eval_only` writes (beside the model unless --output_dir says otherwise): never a training run's files.
+EVAL_ONLY_FILES = ("evaluation_reliability.png", "evaluation_rows.json")
+
+
+def eval_only(model_path, evaluation, script_args, training_args, model_args):
+    """`--eval_only`: the held-out evaluation of `model_path` (a model, or a LoRA adapter merged into its base; the
+    trainer's evaluation, as in training; nothing is trained): `evaluation.json` (metrics, n, settings),
+    `evaluation_rows.json` (every answer and confidence) and `evaluation_reliability.png`."""
     if evaluation is None:
         raise ValueError("--eval_only needs held-out rows: give --num_eval_samples or a --dataset_test_split.")
+    model, tokenizer_source = eval_model(model_path, model_args, training_args)
     trainer = RLCRMultiTurnTrainer(
-        model=model_path,
+        model=model,
         reward_funcs=load_reward_funcs(script_args.reward_funcs),
         accuracy_func=accuracy_func(script_args),
         args=training_args,
         train_dataset=evaluation,
-        processing_class=tokenizer,
+        eval_dataset=evaluation,  # a config's eval_strategy (steps) needs one
+        processing_class=AutoTokenizer.from_pretrained(tokenizer_source, revision=model_args.model_revision),
     )
     if parameters_sharded(trainer):
         raise ValueError(
             "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
             "launch it without the sharded accelerate config."
         )
-    result = heldout_evaluation(trainer, evaluation, "eval", script_args.rlcr_paper_metrics)
+    result = heldout_evaluation(trainer, evaluation, "eval", script_args.rlcr_paper_metrics, files=EVAL_ONLY_FILES)
     if not trainer.accelerator.is_main_process:
         return
     output_dir = Path(training_args.output_dir)
-    write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
-    if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
-        write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
+    k = training_args.eval_num_samples
+    write_json(
+        output_dir / "evaluation.json",
+        {
+            "model": model_path,
+            "questions": len(evaluation),
+            "samples_per_question": k,
+            **result.to_dict(),
+            "settings": evaluation_settings(script_args, training_args),
+        },
+    )
     print(
-        f"accuracy {result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
-        f"AUROC {_num(result.report.auroc)}{_paper_line(result)}  -> {output_dir}"
+        f"{len(evaluation)} questions x {k} sample(s), {result.report.n} with a parsed confidence: accuracy "
+        f"{result.accuracy:.3f}  ECE {_num(result.report.ece)}  Brier {_num(result.report.brier)}  "
+        f"AUROC {_num(result.report.auroc)}{_paper_line(result)}\n"
+        f"report in {output_dir}: evaluation.json, {', '.join(EVAL_ONLY_FILES)}"
+    )
+
+
+# The embedded-default run: used when the command line names neither a model nor a config.
+DEFAULT_CONFIG = "rlcr_smollm2_cpu.yaml"
+
+
+def run(argv=None) -> None:
+    """The RLCR recipe's command line (`trl-ext rlcr`, `recipes/rlcr.py`): parse `argv` (default: `sys.argv[1:]`) and run
+    [`main`]."""
+
+    run_recipe(
+        main, RLCRScriptArguments, RLCRMultiTurnConfig, config_path(DEFAULT_CONFIG), argv, reuse_evaluation_settings
     )
