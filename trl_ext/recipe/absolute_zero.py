@@ -23,6 +23,7 @@ from .cli import (
     eval_model,
     load_models_as,
     load_reward_funcs,
+    quantization_config,
     resolve_model,
     reuse_settings,
     run_recipe,
@@ -287,6 +288,7 @@ def main(script_args, training_args, model_args):
         # evaluate() answers the family's held-out solver questions (`--eval_strategy steps --eval_steps N`)
         heldout_questions=questions if training_args.eval_strategy != "no" else None,
         peft_config=get_peft_config(model_args),
+        quantization_config=quantization_config(model_args, training_args),
         **trainer_kwargs,
     )
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the

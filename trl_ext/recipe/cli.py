@@ -361,14 +361,50 @@ def _flag_value(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
+def quantization_config(model_args, training_args):
+    """`--load_in_4bit` / `--load_in_8bit` (QLoRA with `--use_peft`): TRL's `BitsAndBytesConfig`
+    (`trl.get_quantization_config`), for the trainer to load the model with; `None` without either flag. Refused,
+    naming bitsandbytes and the device, where bitsandbytes cannot quantize (no CUDA GPU, `--use_cpu`) or is not
+    installed: the run would otherwise train in full precision while the user believes it quantized."""
+    if not (model_args.load_in_4bit or model_args.load_in_8bit):
+        return None
+    import importlib.util
+
+    import torch
+    from trl import get_quantization_config
+
+    flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit"
+    if training_args.use_cpu or not torch.cuda.is_available():
+        device = "the run is on CPU (--use_cpu)" if training_args.use_cpu else "this machine has no CUDA GPU"
+        raise ValueError(
+            f"{flag}: bitsandbytes quantizes on a CUDA GPU only, and {device}. Run on a CUDA GPU, or drop {flag} "
+            "(--use_peft alone trains LoRA on the model in full precision)."
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError(
+            f"{flag} needs bitsandbytes, which is not installed on this machine (CUDA device "
+            f'{torch.cuda.get_device_name()}): pip install bitsandbytes (or pip install ".[quantization]").'
+        )
+    return get_quantization_config(model_args)
+
+
 def eval_model(model_path: str, model_args, training_args):
     """What `--eval_only` gives the trainer: the path of a full model (loaded as `ModelConfig` asks), or, for a LoRA
     adapter directory (`adapter_config.json`), its base model with the adapter merged (base named in the adapter's
-    config). Returns `(model or path, tokenizer source)`."""
+    config; quantized by `--load_in_4bit`/`--load_in_8bit` for a full model only). Returns
+    `(model or path, tokenizer source)`."""
     adapter_config = Path(model_path) / "adapter_config.json"
+    quantized = quantization_config(model_args, training_args)
     if not adapter_config.is_file():
         load_models_as(model_args, training_args)
+        if quantized is not None:
+            training_args.model_init_kwargs["quantization_config"] = quantized
         return model_path, model_path
+    if quantized is not None:
+        raise ValueError(
+            f"--eval_only on the LoRA adapter {model_path}: the adapter is merged into its base model in full "
+            "precision; drop --load_in_4bit/--load_in_8bit."
+        )
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 

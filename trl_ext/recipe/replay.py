@@ -17,6 +17,7 @@ from .cli import (
     eval_model,
     load_models_as,
     load_reward_funcs,
+    quantization_config,
     resolve_model,
     reuse_settings,
     run_recipe,
@@ -132,6 +133,7 @@ def main(script_args, training_args, model_args):
         eval_dataset=heldout_split(evaluation, training_args),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        quantization_config=quantization_config(model_args, training_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     save_final_model(trainer, training_args.output_dir)

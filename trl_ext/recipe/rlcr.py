@@ -23,6 +23,7 @@ from .cli import (
     load_function,
     load_models_as,
     load_reward_funcs,
+    quantization_config,
     resolve_model,
     reuse_settings,
     run_recipe,
@@ -283,6 +284,7 @@ def main(script_args, training_args, model_args):
         eval_dataset=heldout_split(evaluation, training_args),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        quantization_config=quantization_config(model_args, training_args),
     )
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
     # model is then evaluated after training only.
