@@ -179,3 +179,36 @@ def test_one_flag_per_concept(tmp_path):
     config.write_text("max_steps: 2\nmax_stepz: 3\n")
     with pytest.raises(ValueError, match="max_stepz"):
         parser.parse_args_and_config(args=["--config", str(config), *base])
+
+
+def test_logs_go_under_the_output_dir_and_backends_are_installable(tmp_path, monkeypatch):
+    """TensorBoard's event files (the evaluation before training included) go under `<output_dir>/runs`; a shipped
+    YAML reports only to backends an extra installs; a missing backend is an error naming the extra."""
+    import configparser
+
+    from transformers.integrations import integration_utils
+
+    from trl_ext.recipe.cli import logs_under_output_dir
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    seen = {}
+    args = RLCRMultiTurnConfig(str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none")
+    with logs_under_output_dir(args):
+        seen["dir"] = os.environ["TENSORBOARD_LOGGING_DIR"]
+    assert seen["dir"].startswith(str(tmp_path / "out" / "runs" / "")) and "TENSORBOARD_LOGGING_DIR" not in os.environ
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "/mine")  # the user's choice stays
+    with logs_under_output_dir(args):
+        assert os.environ["TENSORBOARD_LOGGING_DIR"] == "/mine"
+
+    monkeypatch.setattr(integration_utils, "is_tensorboard_available", lambda: False)
+    args.report_to = ["tensorboard"]
+    with pytest.raises(ValueError, match=r'pip install "\.\[tensorboard\]"'), logs_under_output_dir(args):
+        pass
+
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    extras = setup["options.extras_require"]
+    installable = {"none", *(name for name in ("tensorboard", "wandb", "trackio") if name in extras)}
+    for path in sorted((ROOT / "trl_ext/recipe/configs").glob("*.yaml")):
+        report_to = yaml.safe_load(path.read_text()).get("report_to", "none")
+        assert set([report_to] if isinstance(report_to, str) else report_to) <= installable, path.name

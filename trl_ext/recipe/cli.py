@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,7 +172,32 @@ def run_recipe(
             "(accelerate set OMP_NUM_THREADS=1; limit the cores with `taskset`)",
             file=sys.stderr,
         )
-    main(*parsed)
+    with logs_under_output_dir(parsed[1]):
+        main(*parsed)
+
+
+@contextmanager
+def logs_under_output_dir(training_args, environ=os.environ):
+    """Every TensorBoard event file of the run under `<output_dir>/runs/<date_host>`, the evaluation before training
+    included (transformers' callback otherwise writes what is logged before `train()` to `./runs`); kept when the
+    user set `TENSORBOARD_LOGGING_DIR`. A `report_to` backend whose package is missing is refused here, naming the
+    extra that installs it, rather than at the trainer's construction."""
+    from transformers.integrations import integration_utils
+
+    report_to = training_args.report_to or []
+    if "tensorboard" in report_to and not integration_utils.is_tensorboard_available():
+        raise ValueError(
+            '--report_to tensorboard needs TensorBoard: pip install ".[tensorboard]" (or pip install tensorboard), '
+            "or --report_to none."
+        )
+    if "TENSORBOARD_LOGGING_DIR" in environ:
+        yield
+        return
+    environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(training_args.output_dir, integration_utils.default_logdir())
+    try:
+        yield
+    finally:
+        environ.pop("TENSORBOARD_LOGGING_DIR", None)
 
 
 def config_path(name: str) -> Path:
