@@ -51,7 +51,7 @@ def user_dir(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # a 2-step LoRA run and an evaluation per recipe on a tiny model: about 20 s each
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_own_data_reward_and_lora_then_eval_only(user_dir, recipe, capsys):
+def test_own_data_reward_and_lora_then_eval_only(user_dir, recipe, capsys, caplog):
     run, train_flags, eval_flags = RECIPES[recipe]
     data = [
         "--dataset_path",
@@ -87,7 +87,10 @@ def test_own_data_reward_and_lora_then_eval_only(user_dir, recipe, capsys):
     log = json.loads((out / "metrics.json").read_text())["train_log"]
     assert any("rewards/brevity/mean" in entry for entry in log)  # the user's reward ran
 
-    capsys.readouterr()
+    trained = capsys.readouterr()
+    announced = "Held out the last 4 of the 20 rows of mine.jsonl" in caplog.text
+    assert announced is (recipe != "absolute_zero")  # every row a seed prompt: its evaluation is the family's
+    assert recipe != "rlcr" or "before RL: n 4  accuracy" in trained.out
     run(["--eval_only", "--model_name_or_path", "out", *TINY[:4]])  # no --output_dir, no data flags
     report = json.loads((out / "evaluation.json").read_text())
     printed = capsys.readouterr().out

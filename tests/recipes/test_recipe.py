@@ -338,3 +338,20 @@ def test_main_process_evaluation_is_skipped_when_parameters_are_sharded():
 
     assert parameters_sharded(trainer(fsdp=True)) and parameters_sharded(trainer(stage=3))
     assert not parameters_sharded(trainer()) and not parameters_sharded(trainer(stage=2))
+
+
+def test_rows_held_out_of_a_users_file_are_announced(tmp_path, caplog):
+    path = tmp_path / "mine.jsonl"
+    Dataset.from_list(ROWS).to_json(path)
+    args = RecipeScriptArguments(dataset_path=str(path), question_column="q", answer_column="a", num_eval_samples=64)
+    with caplog.at_level("WARNING", logger="trl_ext.recipe.data"):
+        train, evaluation = load_recipe_dataset(args, None)
+    assert len(train) == 8 and len(evaluation) == 2
+    message = caplog.text
+    assert f"Held out the last 2 of the 10 rows of {path}" in message and "capped at a fifth" in message
+    assert "--dataset_test_split" in message and "--num_eval_samples 0" in message
+    caplog.clear()
+    args.num_eval_samples = 0
+    with caplog.at_level("WARNING", logger="trl_ext.recipe.data"):
+        train, evaluation = load_recipe_dataset(args, None)
+    assert len(train) == 10 and evaluation is None and "Held out" not in caplog.text

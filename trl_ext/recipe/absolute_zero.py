@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,8 +191,10 @@ def _family(script_args):
 
 
 def seed_datasets(script_args, training_args, task, tool_template=False):
-    """`(train, evaluation)` seed prompts: the given dataset, else the family's built-in seeds (no evaluation)."""
-    train, evaluation = load_recipe_dataset(script_args, script_args.system_prompt, require_answer=False)
+    """`(train, None)`: the given dataset's seed prompts, every row of its training split (the held-out evaluation
+    asks the family's own questions, so none is held out), else the family's built-in seeds."""
+    seeds_only = dataclasses.replace(script_args, num_eval_samples=0)
+    train, evaluation = load_recipe_dataset(seeds_only, script_args.system_prompt, require_answer=False)
     if train is None:
         train = task.seed_prompts(script_args.num_train_samples or 200, training_args.seed)
         evaluation = None

@@ -240,7 +240,7 @@ def summary(report, output_dir, seconds):
         if key in report:
             r = report[key]
             lines.append(
-                f"{label:>38}: accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
+                f"{label:>38}: n {len(r.rows)}  accuracy {r.accuracy:.3f}  ECE {_num(r.report.ece)}  "
                 f"Brier {_num(r.report.brier)}  AUROC {_num(r.report.auroc)}  confidence parse failures "
                 f"{r.confidence_parse_fail_rate:.0%}{_paper_line(r)}"
             )
