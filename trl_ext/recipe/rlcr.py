@@ -176,6 +176,31 @@ def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reus
     return result
 
 
+def evaluate_base(base_path, tokenizer, evaluation, trainer, script_args, model_args):
+    """The base model (before the format warm-up) evaluated greedily on `evaluation`, by every process on its own
+    training device (`trainer.accelerator.device`): each answers the same rows, so none waits on another in a
+    collective (one process evaluating alone on CPU would keep the others waiting past the collective timeout at
+    1.5B). The main process writes `reliability_base.png` and `eval_base.json`."""
+    accelerator = trainer.accelerator
+    base = AutoModelForCausalLM.from_pretrained(
+        base_path, dtype=model_args.dtype, revision=model_args.model_revision
+    ).to(accelerator.device)
+    result = evaluate_calibration(
+        base,
+        tokenizer,
+        evaluation,
+        trainer.args,
+        batch_size=trainer.args.per_device_eval_batch_size,
+        rlcr_paper_convention=script_args.rlcr_paper_metrics,
+        accuracy_func=accuracy_func(script_args) or verify_answer,
+        progress=accelerator.is_main_process,
+    )
+    del base
+    if accelerator.is_main_process:
+        write_evaluation(result, trainer.args.output_dir, "base")
+    return result
+
+
 def card_results(report):
     """The model card's headline numbers: greedy accuracy and calibration before and after training."""
     results = {}
@@ -262,7 +287,6 @@ def main(script_args, training_args, model_args):
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     train, evaluation = datasets_for(script_args, training_args)
-    dtype = model_args.dtype
     if script_args.eval_only:
         eval_only(model_path, evaluation, script_args, training_args, model_args)
         return
@@ -291,20 +315,8 @@ def main(script_args, training_args, model_args):
     before_log = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
     if evaluation is not None and not parameters_sharded(trainer):
         clock = time.monotonic()
-        if "warmup" in report and trainer.accelerator.is_main_process:
-            # what the warm-up changed: the base model states no parsable confidence (main process, no trainer)
-            base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
-            report["base"] = evaluate_calibration(
-                base,
-                tokenizer,
-                evaluation,
-                training_args,
-                batch_size=training_args.per_device_eval_batch_size,
-                rlcr_paper_convention=script_args.rlcr_paper_metrics,
-                accuracy_func=accuracy_func(script_args) or verify_answer,
-            )
-            write_evaluation(report["base"], output_dir, "base")
-            del base
+        if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence
+            report["base"] = evaluate_base(base_path, tokenizer, evaluation, trainer, script_args, model_args)
         report["before"] = heldout_evaluation(trainer, evaluation, "before", script_args.rlcr_paper_metrics)
         before_log = [trainer.state.log_history[-1]]
         seconds["evaluation"] = time.monotonic() - clock
