@@ -24,6 +24,37 @@ ROOT = Path(__file__).resolve().parent.parent
 RLCR_CPU_CONFIG = ROOT / "recipes" / "configs" / "rlcr_smollm2_cpu.yaml"  # the RLCR recipe's embedded default
 
 
+def results_dir() -> Path:
+    """Where a benchmark writes its JSON and plots: `benchmarks/results/` (the committed figures), or
+    `$TRL_EXT_BENCH_RESULTS` (gpu_check.sh points it at a new folder unless asked to replace them)."""
+    return Path(os.environ.get("TRL_EXT_BENCH_RESULTS") or Path(__file__).parent / "results")
+
+
+def environment() -> dict:
+    """What produced a result: versions, commit and device, written into every JSON a GPU check writes."""
+    import platform
+    import subprocess
+
+    import transformers
+    import trl
+
+    import trl_ext
+
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "trl_ext": trl_ext.__version__,
+        "commit": commit or None,
+        "device": device_name(),
+    }
+
+
 def on_cuda() -> bool:
     """Whether the benchmarks run on a CUDA GPU (then in bf16 with SDPA attention) rather than on CPU in float32."""
     return torch.cuda.is_available()
