@@ -52,6 +52,7 @@ def usage() -> str:
 def environment() -> dict[str, str]:
     """Platform, Python, the packages of `PACKAGES` (installed version or "not installed") and the accelerators."""
     from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
 
     info = {"platform": platform.platform(), "python": platform.python_version()}
     for name in PACKAGES:
@@ -59,6 +60,10 @@ def environment() -> dict[str, str]:
             info[name] = version(name)
         except PackageNotFoundError:
             info[name] = "not installed"
+    from . import __file__ as location
+    from . import __version__
+
+    info["trl-ext"] = f"{__version__} ({Path(location).parent})"  # the code imported, installed or not
     if commit := _clone_commit():
         info["trl-ext commit"] = commit
     try:
