@@ -30,6 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RLCR_CPU_CONFIG = ROOT / "recipes" / "configs" / "rlcr_smollm2_cpu.yaml"  # the RLCR recipe's embedded default
 
 
+def results_dir() -> Path:
+    """Where a benchmark writes its JSON and plots: `benchmarks/results/` (the committed figures), or
+    `$TRL_EXT_BENCH_RESULTS` (gpu_check.sh points it at a new folder unless asked to replace them)."""
+    return Path(os.environ.get("TRL_EXT_BENCH_RESULTS") or Path(__file__).parent / "results")
+
+
 def on_cuda() -> bool:
     """Whether the benchmarks run on a CUDA GPU (then in bf16 with SDPA attention) rather than on CPU in float32."""
     return torch.cuda.is_available()

@@ -39,7 +39,6 @@ import psutil
 
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results"
 PAIRS = {"rlcr": "grpo_rlcr", "replay": "grpo_replay", "absolute_zero": "grpo_absolute_zero"}
 # Innermost phase first: a frame's function name (or file) that puts the main thread in that phase.
 PHASES = (
@@ -351,15 +350,19 @@ def main(argv=None):
     if args.part == "_one":
         Path(args.out).write_text(json.dumps(run_one(args.name, args.model)))
         return
-    RESULTS.mkdir(exist_ok=True)
+    from common import results_dir, write_result
+
+    results = results_dir()
+    results.mkdir(parents=True, exist_ok=True)
     if args.part == "steps":
         result = steps(args.model, args.repeats, only)
         stem = f"memory_steps_{args.model}_{result['device']}"
-        plot_steps(result, RESULTS / f"{stem}.png")
     else:
         result = configs(args.max_steps, only)
         stem = "memory_configs"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    write_result(results / f"{stem}.json", result)  # before the plot, which may fail
+    if args.part == "steps":
+        plot_steps(result, results / f"{stem}.png")
     print(json.dumps(result.get("summary", {k: v["peak_mb"] for k, v in result.get("configs", {}).items()}), indent=1))
 
 

@@ -51,6 +51,7 @@ from common import (
     machine_load,
     on_cuda,
     plot_step_times,
+    results_dir,
     rlcr_cpu_run,
     summarize,
     write_result,
@@ -74,7 +75,7 @@ from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 from trl_ext.trainers.base_config import TrlExtGRPOConfig
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 CONFIDENCE_PROMPT = (
     "How likely is it that your answer above is correct? Reply with a probability between 0 and 1 inside "
     "<confidence></confidence>, for example <confidence>0.7</confidence>."
@@ -82,9 +83,10 @@ CONFIDENCE_PROMPT = (
 
 
 # -- overhead -----------------------------------------------------------------------------------------------------
-def overhead(steps: int) -> dict:
+def overhead(steps: int, model_path: str | None = None) -> dict:
     answer_len, confidence_len, g_a, g_c = 32, 16, 4, 2
-    tok = AutoTokenizer.from_pretrained(default_model_path())  # each trainer below loads its own model
+    model_path = model_path or default_model_path()
+    tok = AutoTokenizer.from_pretrained(model_path)  # each trainer below loads its own model
     answer = fixed_length(tok, "<think>adding</think><answer>7</answer>", answer_len)
     confidence = fixed_length(tok, "<confidence>0.7</confidence>", confidence_len)
     data = graded_arithmetic(64, seed=0)
@@ -106,7 +108,7 @@ def overhead(steps: int) -> dict:
         ("grpo", GRPOTrainer, GRPOConfig),
         ("grpo_cpu_tiles", GRPOWithCPULogprobTiles, TrlExtGRPOConfig),
     ):
-        model, tok = load_model()
+        model, tok = load_model(model_path)
         args = cpu_test_args(
             tempfile.mkdtemp(), config_cls, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
         )
@@ -123,7 +125,7 @@ def overhead(steps: int) -> dict:
 
     # RLCR with the packed loss forward (default) and with rows scored one by one.
     for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
-        model, tok = load_model()
+        model, tok = load_model(model_path)
         args = cpu_test_args(
             tempfile.mkdtemp(),
             RLCRMultiTurnConfig,
@@ -495,18 +497,20 @@ def main(argv=None):
         help="calibration: answers sampled per question at temperature 1 for the sampling-agreement reference "
         "(final evaluation; 0: off)",
     )
+    parser.add_argument("--model", help="overhead: a checkpoint directory instead of the embedded default")
     args = parser.parse_args(argv)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
-        result = overhead(args.steps or 4)
+        result = overhead(args.steps or 4, args.model)
         name = "overhead_cuda" if on_cuda() else "overhead"  # CPU and GPU figures side by side
+        name += "" if args.model is None else "_tiny"
+        write_result(RESULTS / f"rlcr_{name}.json", result)  # before the plot, which may fail
         plot_overhead(result, RESULTS / f"rlcr_{name}.png")
-        write_result(RESULTS / f"rlcr_{name}.json", result)
     else:
         result, records = calibration(args.steps, args.seeds, args.evaluate_every, args.split, args.agreement_samples)
         name = "rlcr_calibration" if args.split == "report" else f"rlcr_calibration_{args.split}"
-        plot_calibration(result, RESULTS / f"{name}.png")
         write_result(RESULTS / f"{name}.json", result, seeds=args.seeds, records=records)
+        plot_calibration(result, RESULTS / f"{name}.png")
     print(json.dumps({k: v for k, v in result.items() if k not in ("curves", "runs")}, indent=2))
 
 

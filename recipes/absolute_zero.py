@@ -23,17 +23,8 @@ question, reply and score) and `heldout_accuracy.png` (before/after, overall and
 learnable ratio per step).
 """
 
-from __future__ import annotations
-
-from pathlib import Path
-
-from trl_ext.recipe import run_recipe
-from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments, main
-from trl_ext.trainers import AbsoluteZeroConfig
-
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "absolute_zero_smollm2_cpu.yaml"
+from trl_ext.recipe.absolute_zero import run
 
 
 if __name__ == "__main__":
-    run_recipe(main, AbsoluteZeroScriptArguments, AbsoluteZeroConfig, DEFAULT_CONFIG)
+    run()

@@ -8,17 +8,8 @@ Writes to `output_dir`: `metrics.json` (a per-step summary and the training log)
 replay share, importance ratios, buffer size per step), checkpoints with the replay buffer, and the trained model.
 """
 
-from __future__ import annotations
-
-from pathlib import Path
-
-from trl_ext.recipe import run_recipe
-from trl_ext.recipe.replay import ReplayScriptArguments, main
-from trl_ext.trainers import ReplayGRPOConfig
-
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "replay_grpo_smollm2_cpu.yaml"
+from trl_ext.recipe.replay import run
 
 
 if __name__ == "__main__":
-    run_recipe(main, ReplayScriptArguments, ReplayGRPOConfig, DEFAULT_CONFIG)
+    run()

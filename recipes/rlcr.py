@@ -11,17 +11,8 @@ question, answer and confidence), `evaluation_settings.json` (what the evaluatio
 `--eval_only` on the directory reuses it unless flags override), and the trained model.
 """
 
-from __future__ import annotations
-
-from pathlib import Path
-
-from trl_ext.recipe import run_recipe
-from trl_ext.recipe.rlcr import RLCRScriptArguments, main, reuse_evaluation_settings
-from trl_ext.trainers import RLCRMultiTurnConfig
-
-
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "rlcr_smollm2_cpu.yaml"
+from trl_ext.recipe.rlcr import run
 
 
 if __name__ == "__main__":
-    run_recipe(main, RLCRScriptArguments, RLCRMultiTurnConfig, DEFAULT_CONFIG, prepare_argv=reuse_evaluation_settings)
+    run()

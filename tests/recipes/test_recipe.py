@@ -189,9 +189,9 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     ]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (out / "reliability_eval.png").is_file()
-    metrics = json.loads((out / "metrics.json").read_text())["eval"]
-    rows = read_jsonl(out / "eval_eval.jsonl")
+    assert (out / "evaluation_reliability.png").is_file()
+    metrics = json.loads((out / "evaluation.json").read_text())
+    rows = read_jsonl(out / "evaluation.jsonl")
     # ours over the parsed confidences; the paper's over every row, unparsable ones as 0
     assert metrics["n"] == sum(r["confidence"] is not None for r in rows)
     assert metrics["rlcr_paper"]["n"] == metrics["num_rows"] == 4
@@ -352,3 +352,20 @@ def test_main_process_evaluation_is_skipped_when_parameters_are_sharded():
 
     assert parameters_sharded(trainer(fsdp=True)) and parameters_sharded(trainer(stage=3))
     assert not parameters_sharded(trainer()) and not parameters_sharded(trainer(stage=2))
+
+
+def test_rows_held_out_of_a_users_file_are_announced(tmp_path, caplog):
+    path = tmp_path / "mine.jsonl"
+    Dataset.from_list(ROWS).to_json(path)
+    args = RecipeScriptArguments(dataset_path=str(path), question_column="q", answer_column="a", num_eval_samples=64)
+    with caplog.at_level("WARNING", logger="trl_ext.recipe.data"):
+        train, evaluation = load_recipe_dataset(args, None)
+    assert len(train) == 8 and len(evaluation) == 2
+    message = caplog.text
+    assert f"Held out the last 2 of the 10 rows of {path}" in message and "capped at a fifth" in message
+    assert "--dataset_test_split" in message and "--num_eval_samples 0" in message
+    caplog.clear()
+    args.num_eval_samples = 0
+    with caplog.at_level("WARNING", logger="trl_ext.recipe.data"):
+        train, evaluation = load_recipe_dataset(args, None)
+    assert len(train) == 10 and evaluation is None and "Held out" not in caplog.text

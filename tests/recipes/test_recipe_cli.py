@@ -155,5 +155,68 @@ def test_eval_only_with_a_named_model_runs_on_a_machine_without_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "no GPU found, running on CPU" in proc.stderr
     assert "gradient_checkpointing" not in proc.stderr
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["eval"]["num_rows"] == 2 and (out / "reliability_eval.png").is_file()
+    metrics = json.loads((out / "evaluation.json").read_text())
+    assert metrics["num_rows"] == metrics["questions"] == 2 and (out / "evaluation_reliability.png").is_file()
+
+
+def test_one_flag_per_concept(tmp_path):
+    """`--solution_column` in the recipe says to use `--answer_column`; the `--num_generations_answer` alias works and
+    its errors name it; a YAML with an unknown key fails naming the key."""
+    from trl import ModelConfig, TrlParser
+
+    from trl_ext.recipe.rlcr import check_one_answer_column
+
+    parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
+    base = ["--output_dir", str(tmp_path), *CPU_FLAGS, "--per_device_train_batch_size", "4", "--num_generations", "4"]
+    _, training_args, _ = parser.parse_args_and_config(args=[*base, "--solution_column", "gold"])
+    with pytest.raises(ValueError, match="--solution_column 'gold': .* --answer_column gold"):
+        check_one_answer_column(training_args)
+    _, training_args, _ = parser.parse_args_and_config(args=[*base, "--num_generations_answer", "4"])
+    assert training_args.num_generations == 4
+    with pytest.raises(ValueError, match=r"divisible by .*\(3\).*num_generations_answer sets"):
+        parser.parse_args_and_config(args=[*base, "--num_generations_answer", "3"])
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 2\nmax_stepz: 3\n")
+    with pytest.raises(ValueError, match="max_stepz"):
+        parser.parse_args_and_config(args=["--config", str(config), *base])
+
+
+def test_logs_go_under_the_output_dir_and_backends_are_installable(tmp_path, monkeypatch):
+    """TensorBoard's event files (the evaluation before training included) go under `<output_dir>/runs`; a shipped
+    YAML reports only to backends an extra installs; a missing backend is an error naming the extra."""
+    import configparser
+
+    from transformers.integrations import integration_utils
+
+    from trl_ext.recipe.cli import logs_under_output_dir
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    seen = {}
+    args = RLCRMultiTurnConfig(str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none")
+    with logs_under_output_dir(args):
+        seen["dir"] = os.environ["TENSORBOARD_LOGGING_DIR"]
+    assert seen["dir"].startswith(str(tmp_path / "out" / "runs" / "")) and "TENSORBOARD_LOGGING_DIR" not in os.environ
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "/mine")  # the user's choice stays
+    with logs_under_output_dir(args):
+        assert os.environ["TENSORBOARD_LOGGING_DIR"] == "/mine"
+
+    monkeypatch.setattr(integration_utils, "is_tensorboard_available", lambda: False)
+    args.report_to = ["tensorboard"]
+    with pytest.raises(ValueError, match=r'pip install "\.\[tensorboard\]"'), logs_under_output_dir(args):
+        pass
+
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    extras = setup["options.extras_require"]
+    installable = {"none", *(name for name in ("tensorboard", "wandb", "trackio") if name in extras)}
+    for path in sorted((ROOT / "trl_ext/recipe/configs").glob("*.yaml")):
+        report_to = yaml.safe_load(path.read_text()).get("report_to", "none")
+        assert set([report_to] if isinstance(report_to, str) else report_to) <= installable, path.name
+
+
+def test_gpu_configs_say_they_are_untested():
+    """The GPU node configs have not run anywhere: each says so in its first line (docs/recipes.md too)."""
+    gpu = [p for p in sorted((ROOT / "trl_ext/recipe/configs").glob("*.yaml")) if "_cpu" not in p.name]
+    assert len(gpu) >= 4  # the three recipes' node configs and RLCR's colocated variant
+    for path in gpu:
+        assert path.read_text().startswith("# UNTESTED: this config has never been run"), path.name

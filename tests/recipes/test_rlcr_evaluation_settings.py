@@ -5,7 +5,8 @@ import json
 
 from trl import ModelConfig, TrlParser
 
-from trl_ext.recipe.rlcr import SETTINGS_FILE, RLCRScriptArguments, evaluation_settings, reuse_evaluation_settings
+from trl_ext.recipe.cli import SETTINGS_FILE
+from trl_ext.recipe.rlcr import RLCRScriptArguments, evaluation_settings, reuse_evaluation_settings
 from trl_ext.trainers import RLCRMultiTurnConfig
 
 
@@ -59,14 +60,24 @@ def test_eval_only_reuses_the_saved_settings_unless_flags_override(tmp_path):
 def test_settings_are_reused_only_for_eval_only_on_a_directory_that_has_them(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    (model_dir / SETTINGS_FILE).write_text(json.dumps({"max_confidence_length": 10}))
+    (model_dir / SETTINGS_FILE).write_text(json.dumps({"max_confidence_length": 10, "reward_funcs": ["m.a", "m.b"]}))
     training = ["--model_name_or_path", str(model_dir)]
     assert reuse_evaluation_settings(training) == training
+    # a directory without settings: only the report's place, beside the model
     elsewhere = ["--eval_only", "--model_name_or_path", str(tmp_path)]
-    assert reuse_evaluation_settings(elsewhere) == elsewhere
+    assert reuse_evaluation_settings(elsewhere) == [*elsewhere, "--output_dir", str(tmp_path)]
+    hub_id = ["--eval_only", "--model_name_or_path", "org/model"]
+    assert reuse_evaluation_settings(hub_id) == hub_id
     assert reuse_evaluation_settings(["--eval_only", *training]) == [
         "--eval_only",
         *training,
+        "--output_dir",
+        str(model_dir),
         "--max_confidence_length",
         "10",
+        "--reward_funcs",
+        "m.a",
+        "m.b",
     ]
+    # --output_dir on the command line: the report goes there
+    assert "--output_dir" not in reuse_evaluation_settings(["--eval_only", *training, "--output_dir", "x"])[5:]

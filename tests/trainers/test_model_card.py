@@ -52,9 +52,12 @@ def test_base_model_of_hub_ids_and_local_checkpoints(tmp_path):
 
 
 def test_results_table():
-    assert results_table({"ECE (after)": 0.12345, "AUROC (after)": None, "trajectories": 3}) == (
-        "| metric | value |\n| --- | --- |\n| ECE (after) | 0.123 |\n| AUROC (after) | n/a |\n| trajectories | 3 |"
+    table = results_table({"ECE (after)": 0.12345, "AUROC (after)": None, "ECE (before)": float("nan"), "n": 3})
+    assert table.startswith(
+        "| metric | value |\n| --- | --- |\n| ECE (after) | 0.123 |\n| AUROC (after) | n/a |\n| ECE (before) | n/a |\n"
+        "| n | 3 |\n\nn/a: not measured"
     )
+    assert "nan" not in table  # one way to say "not measured"
 
 
 @pytest.mark.slow
@@ -120,6 +123,10 @@ def test_lora_run_card_replaces_peft_generic_card(tmp_path):
     local = str(tmp_path / "tiny")
     assert f"fine-tuned version of the local checkpoint `{local}`" in card.text and "None" not in card.text
     assert "| ECE (after) | 0.100 |" in card.text and "- PEFT: " in card.text
+    # how to ask the trained model for its confidence: the training's confidence prompt as the next user turn
+    usage = card.text[card.text.index("## Asking for the confidence") :]
+    assert repr(trainer.args.confidence_prompt) in usage and "<confidence>(.*?)</confidence>" in usage
+    assert f'pipeline("text-generation", model="{trainer.args.output_dir}")' in usage
 
 
 def test_lora_card_on_a_local_base_with_a_hub_name_names_it(tmp_path):
@@ -136,7 +143,23 @@ def test_lora_card_on_a_local_base_with_a_hub_name_names_it(tmp_path):
     assert card.data.base_model == DEFAULT_MODEL_NAME and card.data.library_name == "peft"
     assert {f"base_model:adapter:{DEFAULT_MODEL_NAME}", "lora", "rlcr"} <= set(card.data.tags)
     assert f"fine-tuned version of [{DEFAULT_MODEL_NAME}](https://huggingface.co/{DEFAULT_MODEL_NAME})" in card.text
-    assert f"It started from the local checkpoint `{base}`." in card.text and "None" not in card.text
+    assert "It started from" not in card.text and "None" not in card.text  # the cache directory is no news
+
+
+def test_card_of_a_run_after_the_format_warmup_names_the_base_and_the_warmup(tmp_path):
+    """The warm-up's checkpoint (a cache directory) names its base in its card: the run's card names that base and
+    says it started from a warm-up, not from the directory."""
+    warmed = tiny_checkpoint(tmp_path / "warmed")
+    (Path(warmed) / "README.md").write_text(
+        "---\nbase_model: org/base\ntags:\n- trl-ext-format-warmup\n---\n# Format warm-up of org/base\n"
+    )
+    trainer = _lora_trainer(tmp_path, base=warmed)
+    trainer.save_model(trainer.args.output_dir)
+    trainer.create_model_card()
+    card = ModelCard.load(Path(trainer.args.output_dir) / "README.md")
+    assert card.data.base_model == "org/base" and "fine-tuned version of [org/base]" in card.text
+    assert "It started from a short supervised warm-up of org/base on the output format" in card.text
+    assert warmed not in card.text
 
 
 def test_push_to_hub_pushes_the_recorded_card(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +15,22 @@ from ..models.chat_template import use_tool_chat_template
 from ..rewards import LLMJudge
 from ..self_play import arithmetic_task, code_reasoning_task, workspace_task
 from ..self_play.workspace import render_judge_request
-from ..trainers import AbsoluteZeroTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, load_models_as, resolve_model
+from ..trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
+from .cli import (
+    DATA_SETTINGS,
+    FormatWarmupArguments,
+    RecipeScriptArguments,
+    config_path,
+    eval_model,
+    load_models_as,
+    load_reward_funcs,
+    quantization_config,
+    resolve_model,
+    reuse_settings,
+    run_recipe,
+    save_settings,
+    settings_values,
+)
 from .data import load_recipe_dataset
 from .outputs import (
     parameters_sharded,
@@ -29,12 +44,29 @@ from .self_play_heldout import evaluate_heldout, heldout_lines, heldout_set
 
 
 TASKS = ("arithmetic", "workspace", "code")  # --task choices
+# The settings `--eval_only` on a trained directory reuses (see `trl_ext.recipe.cli.reuse_settings`).
+EVALUATION_SETTINGS = (
+    *DATA_SETTINGS,
+    "task",
+    "heldout_size",
+    "lenient_parsing",
+    "tool_chat_template",
+    "sandbox_timeout_s",
+    "sandbox_memory_mb",
+    "num_references",
+)
+
+
+def reuse_evaluation_settings(argv: list[str]) -> list[str]:
+    return reuse_settings(argv, EVALUATION_SETTINGS)
 
 
 @dataclass
 class AbsoluteZeroScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     """Recipe arguments; see [`~trl_ext.recipe.RecipeScriptArguments`] for the dataset flags (no answer column is
     needed: gold answers come from the proposals) and [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
+    `--reward_funcs` are added to the task family's solver rewards (which decide correctness, learnability and the
+    held-out accuracy), each weighted 1 unless `--reward_weights` gives every solver reward its weight.
 
     Parameters:
         task (`str`, *optional*, defaults to `"arithmetic"`):
@@ -159,8 +191,10 @@ def _family(script_args):
 
 
 def seed_datasets(script_args, training_args, task, tool_template=False):
-    """`(train, evaluation)` seed prompts: the given dataset, else the family's built-in seeds (no evaluation)."""
-    train, evaluation = load_recipe_dataset(script_args, script_args.system_prompt, require_answer=False)
+    """`(train, None)`: the given dataset's seed prompts, every row of its training split (the held-out evaluation
+    asks the family's own questions, so none is held out), else the family's built-in seeds."""
+    seeds_only = dataclasses.replace(script_args, num_eval_samples=0)
+    train, evaluation = load_recipe_dataset(seeds_only, script_args.system_prompt, require_answer=False)
     if train is None:
         train = task.seed_prompts(script_args.num_train_samples or 200, training_args.seed)
         evaluation = None
@@ -230,28 +264,35 @@ def main(script_args, training_args, model_args):
     if tool_template:
         use_tool_chat_template(tokenizer)
     train, evaluation = seed_datasets(script_args, training_args, task, tool_template)
-    warmup = None
-    if script_args.warmup_samples:
-        model_path, warmup = warm_up(model_path, tokenizer, task, script_args, training_args)
+    own_rewards = load_reward_funcs(script_args.reward_funcs)
     if training_args.reward_weights is None and task.reward_weights is not None:
-        training_args.reward_weights = list(task.reward_weights)
+        training_args.reward_weights = [*task.reward_weights, *[1.0] * len(own_rewards)]
     if training_args.learnability_criteria is None and task.learnability_criteria is not None:
         training_args.learnability_criteria = [dict(c) for c in task.learnability_criteria]
-
-    load_models_as(model_args, training_args)
-    trainer = AbsoluteZeroTrainer(
-        model=model_path,
-        reward_funcs=task.reward_funcs,
+    trainer_kwargs = dict(
+        reward_funcs=[*task.reward_funcs, *own_rewards],
         args=training_args,
         train_dataset=train,
-        # evaluate() answers the family's held-out solver questions (`--eval_strategy steps --eval_steps N`)
-        heldout_questions=questions if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
         parse_question=task.parse_question,
         solver_prompt_fn=task.solver_prompt_fn,
         environment_factory=task.environment_factory,
         task_state=task.state,
+    )
+    if script_args.eval_only:
+        return eval_only(model_path, task, questions, trainer_kwargs, script_args, training_args, model_args)
+    warmup = None
+    if script_args.warmup_samples:
+        model_path, warmup = warm_up(model_path, tokenizer, task, script_args, training_args)
+
+    load_models_as(model_args, training_args)
+    trainer = AbsoluteZeroTrainer(
+        model=model_path,
+        # evaluate() answers the family's held-out solver questions (`--eval_strategy steps --eval_steps N`)
+        heldout_questions=questions if training_args.eval_strategy != "no" else None,
+        peft_config=get_peft_config(model_args),
+        quantization_config=quantization_config(model_args, training_args),
+        **trainer_kwargs,
     )
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
     # solver is then evaluated after training only.
@@ -299,6 +340,7 @@ def main(script_args, training_args, model_args):
             print(f"{key:>34}: " + " ".join("-" if v is None else f"{v:.2f}" for v in values))
         if task.state is not None:
             write_json(output_dir / "task_state.json", task.state.state_dict())
+        save_settings(output_dir, EVALUATION_SETTINGS, script_args, training_args)
         plots = ["learning_curves.png (self-play metrics per step)"]
         if "before" in heldout:
             print("\n".join(heldout_lines(heldout)))
@@ -316,3 +358,61 @@ def main(script_args, training_args, model_args):
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
     return trainer.state.log_history
+
+
+def eval_only(model_path, task, questions, trainer_kwargs, script_args, training_args, model_args):
+    """`--eval_only`: the solver's accuracy on the family's held-out questions, answered by `model_path` (a model, or
+    a LoRA adapter merged into its base) through the trainer's held-out evaluation: `evaluation.json` (accuracy
+    overall and per group, n, settings) and `evaluation_rows.json` (every question, reply and score)."""
+    if questions is None:
+        raise ValueError(
+            f"--eval_only evaluates the family's held-out solver questions: the {task.name} family has none"
+            if task.heldout_questions is None
+            else "--eval_only evaluates the held-out solver questions: --heldout_size 0 leaves none."
+        )
+    model, _ = eval_model(model_path, model_args, training_args)
+    trainer = AbsoluteZeroTrainer(model=model, heldout_questions=questions, **trainer_kwargs)
+    if parameters_sharded(trainer):
+        raise ValueError(
+            "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
+            "launch it without the sharded accelerate config."
+        )
+    result = evaluate_heldout(trainer, task, questions, "eval", rows_file="evaluation_rows.json")
+    if not trainer.accelerator.is_main_process:
+        return None
+    output_dir = Path(training_args.output_dir)
+    write_json(
+        output_dir / "evaluation.json",
+        {
+            "model": model_path,
+            "questions": len(questions),
+            "samples_per_question": training_args.eval_num_samples,
+            **result.to_dict(),
+            "settings": settings_values(EVALUATION_SETTINGS, script_args, training_args),
+        },
+    )
+    groups = ", ".join(f"{result.breakdown} {g} (n={result.counts[g]}) {a:.3f}" for g, a in result.by_group.items())
+    print(
+        f"held-out solver accuracy, {len(questions)} questions x {training_args.eval_num_samples} sample(s): "
+        f"{result.accuracy:.3f}" + (f"; {groups}" if groups else "") + f"\nreport in {output_dir}: evaluation.json, "
+        "evaluation_rows.json"
+    )
+    return None
+
+
+# The embedded-default run: used when the command line names neither a model nor a config.
+DEFAULT_CONFIG = "absolute_zero_smollm2_cpu.yaml"
+
+
+def run(argv=None) -> None:
+    """The Absolute Zero recipe's command line (`trl-ext absolute_zero`, `recipes/absolute_zero.py`): parse `argv` (default: `sys.argv[1:]`) and run
+    [`main`]."""
+
+    run_recipe(
+        main,
+        AbsoluteZeroScriptArguments,
+        AbsoluteZeroConfig,
+        config_path(DEFAULT_CONFIG),
+        argv,
+        reuse_evaluation_settings,
+    )

@@ -3,11 +3,14 @@ falls back to with no model and no config, the CPU fallback without an accelerat
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import sys
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +47,19 @@ class RecipeScriptArguments(ScriptArguments):
             With the built-in data, the split the held-out questions come from: `"report"` (the numbers you publish)
             or `"tune"` (for choosing settings: ablations, early looks). Training and warm-up rows always come from
             `"train"`; the three are disjoint (`trl_ext.data.graded_arithmetic`). Ignored with a dataset.
+        eval_only (`bool`, *optional*, defaults to `False`):
+            Evaluate `--model_name_or_path` (a full model, or a LoRA adapter directory: its base model is loaded and
+            the adapter merged) on the recipe's held-out evaluation instead of training. On a directory a recipe
+            trained, the run's dataset and evaluation settings (`evaluation_settings.json`) are reused unless flags
+            override them, and the report (`evaluation.json`, ...) is written beside the model unless `--output_dir`
+            is given.
+        reward_funcs (`list[str]`, *optional*):
+            Your own reward functions, as in TRL's `trl grpo`: dotted import paths (`my_rewards.brevity`, the module
+            found from the working directory or `PYTHONPATH`) or a name from `trl.rewards` (`accuracy_reward`,
+            `think_format_reward`, `reasoning_accuracy_reward`). Each has TRL's signature,
+            `f(prompts, completions, completion_ids, **kwargs) -> list[float | None]`, dataset columns arriving as
+            keyword lists. What the recipe does with them: see the recipe (replay: they replace the built-in rewards;
+            RLCR: added to the answer rows' accuracy; Absolute Zero: added to the task family's solver rewards).
     """
 
     dataset_path: str | None = field(default=None, metadata={"help": "Local .json/.jsonl/.parquet/.csv dataset."})
@@ -58,6 +74,16 @@ class RecipeScriptArguments(ScriptArguments):
     eval_split: str = field(
         default="report",
         metadata={"help": "Built-in data: held-out questions from 'report' or 'tune'.", "choices": ["report", "tune"]},
+    )
+    eval_only: bool = field(
+        default=False, metadata={"help": "Evaluate --model_name_or_path (model or LoRA adapter) instead of training."}
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Your reward functions: dotted import paths (my_module.my_reward) or trl.rewards names "
+            "(accuracy_reward, think_format_reward, reasoning_accuracy_reward); several allowed."
+        },
     )
 
 
@@ -154,7 +180,43 @@ def run_recipe(
             "(accelerate set OMP_NUM_THREADS=1; limit the cores with `taskset`)",
             file=sys.stderr,
         )
-    main(*parsed)
+    with logs_under_output_dir(parsed[1]):
+        main(*parsed)
+
+
+@contextmanager
+def logs_under_output_dir(training_args, environ=os.environ):
+    """Every TensorBoard event file of the run under `<output_dir>/runs/<date_host>`, the evaluation before training
+    included (transformers' callback otherwise writes what is logged before `train()` to `./runs`); kept when the
+    user set `TENSORBOARD_LOGGING_DIR`. A `report_to` backend whose package is missing is refused here, naming the
+    extra that installs it, rather than at the trainer's construction."""
+    from transformers.integrations import integration_utils
+
+    report_to = training_args.report_to or []
+    if "tensorboard" in report_to and not integration_utils.is_tensorboard_available():
+        raise ValueError(
+            '--report_to tensorboard needs TensorBoard: pip install ".[tensorboard]" (or pip install tensorboard), '
+            "or --report_to none."
+        )
+    if "TENSORBOARD_LOGGING_DIR" in environ:
+        yield
+        return
+    environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(training_args.output_dir, integration_utils.default_logdir())
+    try:
+        yield
+    finally:
+        environ.pop("TENSORBOARD_LOGGING_DIR", None)
+
+
+def config_path(name: str) -> Path:
+    """A YAML shipped with the package (`trl_ext/recipe/configs/<name>`; `recipes/configs` in a clone links there)."""
+    from importlib.resources import files
+
+    path = Path(str(files("trl_ext.recipe") / "configs" / name))
+    if not path.is_file():
+        shipped = sorted(p.name for p in path.parent.glob("*.yaml"))
+        raise FileNotFoundError(f"No shipped config {name!r}; the package has {shipped}.")
+    return path
 
 
 def with_default_config(argv: Sequence[str], default_config: str | os.PathLike) -> list[str]:
@@ -250,6 +312,180 @@ def _accelerator_available() -> bool:
 
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
     return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+# The flags a recipe's evaluation depends on beyond the model, written beside the trained model and reused by
+# `--eval_only` on that directory (see `reuse_settings`): the data (which rows, how they are prompted) and the
+# generation and scoring shared by every recipe; each recipe adds its own.
+SETTINGS_FILE = "evaluation_settings.json"
+DATA_SETTINGS = (
+    "dataset_name",
+    "dataset_config",
+    "dataset_path",
+    "dataset_train_split",
+    "dataset_test_split",
+    "question_column",
+    "answer_column",
+    "answer_delimiter",
+    "system_prompt",
+    "num_train_samples",
+    "num_eval_samples",
+    "reward_funcs",
+    "seed",
+    "max_completion_length",
+    "chat_template_kwargs",
+    "eval_temperature",
+    "eval_num_samples",
+)
+
+
+def settings_values(names: Sequence[str], script_args, training_args) -> dict:
+    """The values of the settings `names` this run used (script arguments first, then the config)."""
+    values = {}
+    for name in names:
+        source = script_args if hasattr(script_args, name) else training_args
+        value = getattr(source, name)
+        values[name] = value.value if hasattr(value, "value") else value
+    return values
+
+
+def save_settings(output_dir, names: Sequence[str], script_args, training_args) -> None:
+    """Write the settings `names` to `output_dir/evaluation_settings.json`, for a later `--eval_only`."""
+    path = Path(output_dir) / SETTINGS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings_values(names, script_args, training_args), indent=2))
+
+
+def reuse_settings(argv: list[str], names: Sequence[str]) -> list[str]:
+    """For `--eval_only` on a local model directory: its saved settings (`evaluation_settings.json`, written by the
+    training run) as flags after `argv`, except those the command line names itself (flags override; they also
+    override a `--config`'s values, which describe a run rather than this model), and `--output_dir` the model
+    directory unless the command line names one (the report goes beside the model)."""
+    named = _flag_names(argv)
+    if "eval_only" not in named:
+        return argv
+    model = _flag_value(argv, "model_name_or_path")
+    if model is None or not Path(model).is_dir():
+        return argv
+    flags = [] if "output_dir" in named else ["--output_dir", model]
+    path = Path(model) / SETTINGS_FILE
+    if path.is_file():
+        for name, value in json.loads(path.read_text()).items():
+            if name in named or name not in names or value is None:
+                continue
+            if isinstance(value, list):
+                flags += [f"--{name}", *map(str, value)]
+            else:
+                flags += [f"--{name}", json.dumps(value) if isinstance(value, (dict, bool)) else str(value)]
+    if flags:
+        print(
+            f"trl-ext: --eval_only on {model}: {' '.join(flags)} (from {SETTINGS_FILE}; flags override)",
+            file=sys.stderr,
+        )
+    return [*argv, *flags]
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of `--name` on a command line (`--name v` or `--name=v`), else `None`."""
+    for i, arg in enumerate(argv):
+        if arg == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def quantization_config(model_args, training_args):
+    """`--load_in_4bit` / `--load_in_8bit` (QLoRA with `--use_peft`): TRL's `BitsAndBytesConfig`
+    (`trl.get_quantization_config`), for the trainer to load the model with; `None` without either flag. Refused,
+    naming bitsandbytes and the device, where bitsandbytes cannot quantize (no CUDA GPU, `--use_cpu`) or is not
+    installed: the run would otherwise train in full precision while the user believes it quantized."""
+    if not (model_args.load_in_4bit or model_args.load_in_8bit):
+        return None
+    import importlib.util
+
+    import torch
+    from trl import get_quantization_config
+
+    flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit"
+    if training_args.use_cpu or not torch.cuda.is_available():
+        device = "the run is on CPU (--use_cpu)" if training_args.use_cpu else "this machine has no CUDA GPU"
+        raise ValueError(
+            f"{flag}: bitsandbytes quantizes on a CUDA GPU only, and {device}. Run on a CUDA GPU, or drop {flag} "
+            "(--use_peft alone trains LoRA on the model in full precision)."
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ValueError(
+            f"{flag} needs bitsandbytes, which is not installed on this machine (CUDA device "
+            f'{torch.cuda.get_device_name()}): pip install bitsandbytes (or pip install ".[quantization]").'
+        )
+    return get_quantization_config(model_args)
+
+
+def eval_model(model_path: str, model_args, training_args):
+    """What `--eval_only` gives the trainer: the path of a full model (loaded as `ModelConfig` asks), or, for a LoRA
+    adapter directory (`adapter_config.json`), its base model with the adapter merged (base named in the adapter's
+    config; quantized by `--load_in_4bit`/`--load_in_8bit` for a full model only). Returns
+    `(model or path, tokenizer source)`."""
+    adapter_config = Path(model_path) / "adapter_config.json"
+    quantized = quantization_config(model_args, training_args)
+    if not adapter_config.is_file():
+        load_models_as(model_args, training_args)
+        if quantized is not None:
+            training_args.model_init_kwargs["quantization_config"] = quantized
+        return model_path, model_path
+    if quantized is not None:
+        raise ValueError(
+            f"--eval_only on the LoRA adapter {model_path}: the adapter is merged into its base model in full "
+            "precision; drop --load_in_4bit/--load_in_8bit."
+        )
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_name = PeftConfig.from_pretrained(model_path).base_model_name_or_path
+    print(f"trl-ext: {model_path} is a LoRA adapter: evaluating {base_name} with it merged", file=sys.stderr)
+    base = AutoModelForCausalLM.from_pretrained(base_name, dtype=model_args.dtype or "auto")
+    model = PeftModel.from_pretrained(base, model_path).merge_and_unload()
+    training_args.model_init_kwargs = None  # the model is built here
+    tokenizer_source = model_path if (Path(model_path) / "tokenizer_config.json").is_file() else base_name
+    return model, tokenizer_source
+
+
+# `trl.rewards` functions `--reward_funcs` takes by name, as TRL's `trl grpo` does.
+TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward")
+
+
+def load_function(path: str, flag: str):
+    """The function a command line names as `module.attr` (imported from the working directory or `PYTHONPATH`, as
+    TRL's `trl grpo` does); an error names the flag, the module and the attribute."""
+    if "." not in path.strip("."):
+        raise ValueError(f"{flag} {path!r}: give a dotted import path, module.function (e.g. my_rewards.brevity).")
+    module_name, attr = path.rsplit(".", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"{flag} {path!r}: cannot import the module {module_name!r} ({type(error).__name__}: {error}). Run from "
+            "the directory that holds it, or add that directory to PYTHONPATH."
+        ) from error
+    if not hasattr(module, attr):
+        raise ValueError(f"{flag} {path!r}: the module {module_name!r} ({module.__file__}) has no attribute {attr!r}.")
+    function = getattr(module, attr)
+    if not callable(function):
+        raise ValueError(f"{flag} {path!r}: {attr!r} in the module {module_name!r} is not a function.")
+    return function
+
+
+def load_reward_funcs(paths: Sequence[str] | None) -> list:
+    """`--reward_funcs`: each a `trl.rewards` name or a dotted path (see [`load_function`])."""
+    import trl.rewards
+
+    return [
+        getattr(trl.rewards, path) if path in TRL_REWARDS else load_function(path, "--reward_funcs")
+        for path in paths or []
+    ]
 
 
 def resolve_model(model_name_or_path: str | None) -> str:

@@ -115,6 +115,7 @@ def deduplicated_heldout_split(
     else:
         held_out = min(script_args.num_eval_samples, len(train) // 5)
         evaluation = train.select(range(len(train) - held_out, len(train))) if held_out else None
+        announce_held_out(script_args, held_out, len(train))
         train = train.select(range(len(train) - held_out))
         where = f"the last {held_out} distinct rows of split {script_args.dataset_train_split!r}"
     held = set() if evaluation is None else {prompt_key(v) for v in evaluation[column] if not is_missing(v)}
@@ -129,6 +130,24 @@ def deduplicated_heldout_split(
         len(train),
     )
     return train, evaluation
+
+
+def announce_held_out(script_args: RecipeScriptArguments, held_out: int, total: int) -> None:
+    """Say which of the user's rows the evaluation takes from their training data, and how to choose otherwise."""
+    if not script_args.num_eval_samples:
+        return
+    source = script_args.dataset_path or f"{script_args.dataset_name} (split {script_args.dataset_train_split!r})"
+    capped = ", capped at a fifth of the rows" if held_out < script_args.num_eval_samples else ""
+    logger.warning(
+        "Held out the last %d of the %d rows of %s for evaluation (file order, no shuffle, the same in every run; "
+        "--num_eval_samples %d%s): they are not trained on. Evaluate on a split of your own with "
+        "--dataset_test_split, or train on every row with --num_eval_samples 0.",
+        held_out,
+        total,
+        source,
+        script_args.num_eval_samples,
+        capped,
+    )
 
 
 def _load_local(path: str, suffix: str) -> Dataset:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +14,24 @@ from ..evaluation.calibration import plot_reliability_diagrams, reliability_diag
 from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
-from ..rewards.functions import is_missing
-from ..trainers import RLCRMultiTurnTrainer
-from .cli import FormatWarmupArguments, RecipeScriptArguments, _flag_names, load_models_as, resolve_model
+from ..rewards.functions import is_missing, verify_answer
+from ..trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
+from .cli import (
+    DATA_SETTINGS,
+    FormatWarmupArguments,
+    RecipeScriptArguments,
+    config_path,
+    eval_model,
+    load_function,
+    load_models_as,
+    load_reward_funcs,
+    quantization_config,
+    resolve_model,
+    reuse_settings,
+    run_recipe,
+    save_settings,
+    settings_values,
+)
 from .data import datasets_for, heldout_split
 from .outputs import (
     parameters_sharded,
@@ -54,8 +67,11 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     [`~trl_ext.recipe.FormatWarmupArguments`] for the warm-up's.
 
     Parameters:
-        eval_only (`bool`, *optional*, defaults to `False`):
-            Only evaluate `--model_name_or_path` (greedy answer + confidence) and write the calibration report.
+        accuracy_func (`str`, *optional*):
+            Your own correctness check, as a dotted import path (`my_checks.same_answer`): a function
+            `f(gold: str, prediction: str) -> bool` given the gold answer and the text inside the answer tag, used in
+            training and in every evaluation. Unset: `trl_ext.rewards.verify_answer` (math_verify, then a normalised
+            exact match). If it raises, the row is scored `None` and counted in `errors/accuracy_func_rate`.
         rlcr_paper_metrics (`bool`, *optional*, defaults to `False`):
             Also report ECE, Brier and AUROC in the RLCR paper's convention (a confidence on a bin edge in the upper
             bin, unparsable confidences scored as 0), to compare with its numbers; ours are always reported.
@@ -88,8 +104,9 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "choices": ["weighted", "uniform"],
         },
     )
-    eval_only: bool = field(
-        default=False, metadata={"help": "Evaluate a checkpoint and write the report, no training."}
+    accuracy_func: str | None = field(
+        default=None,
+        metadata={"help": "Your correctness check f(gold: str, prediction: str) -> bool, as module.function."},
     )
     rlcr_paper_metrics: bool = field(
         default=False,
@@ -119,81 +136,62 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             raise ValueError(f"--agreement_samples must be 0 (off) or more (got {self.agreement_samples}).")
 
 
-# What a reported evaluation depends on beyond the model: written to `evaluation_settings.json` with the model, and
-# reused by `--eval_only` on that directory (see `reuse_evaluation_settings`).
+# What a reported evaluation depends on beyond the model and the data: written to `evaluation_settings.json` with the
+# model, and reused by `--eval_only` on that directory (see `reuse_evaluation_settings`).
 EVALUATION_SETTINGS = (
-    # generation: lengths, prompts, the held-out evaluation's sampling (the before/after evaluation is greedy)
-    "max_completion_length",
+    *DATA_SETTINGS,
     "max_confidence_length",
     "confidence_prompt",
-    "system_prompt",
-    "chat_template_kwargs",
-    "eval_temperature",
-    "eval_num_samples",
-    # parsing and scoring
     "answer_tag",
     "confidence_tag",
     "lenient_parsing",
     "rlcr_paper_metrics",
     "group_column",
     "agreement_samples",
-    # which rows
-    "num_eval_samples",
     "eval_split",
-    "question_column",
-    "answer_column",
-    "answer_delimiter",
-    "dataset_test_split",
-    "seed",
+    "accuracy_func",
 )
-SETTINGS_FILE = "evaluation_settings.json"
 
 
 def evaluation_settings(script_args, training_args) -> dict:
-    """The settings of `EVALUATION_SETTINGS` this run evaluated with (script arguments first)."""
-    settings = {}
-    for name in EVALUATION_SETTINGS:
-        source = script_args if hasattr(script_args, name) else training_args
-        value = getattr(source, name)
-        settings[name] = value.value if hasattr(value, "value") else value
-    return settings
+    """The settings of `EVALUATION_SETTINGS` this run evaluated with."""
+    return settings_values(EVALUATION_SETTINGS, script_args, training_args)
 
 
 def reuse_evaluation_settings(argv: list[str]) -> list[str]:
-    """For `--eval_only` on a model directory holding `evaluation_settings.json` (written by a training run): its
-    settings as flags after `argv`, except those the command line names itself (flags override). They also override
-    a `--config`'s values, which describe a run rather than this model."""
-    named = _flag_names(argv)
-    if "eval_only" not in named:
-        return argv
-    model = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model_name_or_path"), None)
-    model = model or next((a.split("=", 1)[1] for a in argv if a.startswith("--model_name_or_path=")), None)
-    path = Path(model) / SETTINGS_FILE if model else None
-    if path is None or not path.is_file():
-        return argv
-    saved = json.loads(path.read_text())
-    flags = []
-    for name, value in saved.items():
-        if name in named or name not in EVALUATION_SETTINGS or value is None:
-            continue
-        flags += [f"--{name}", json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)]
-    if flags:
-        print(f"trl-ext: --eval_only reuses the evaluation settings of {path}: {' '.join(flags)}", file=sys.stderr)
-    return [*argv, *flags]
+    """`--eval_only` on a directory this recipe trained: its settings, flags overriding (see `reuse_settings`)."""
+    return reuse_settings(argv, EVALUATION_SETTINGS)
 
 
-def write_evaluation(result, output_dir, name):
+def check_one_answer_column(training_args):
+    """The recipe names the gold-answer column with `--answer_column` (copied to `solution`, the trainer's
+    `solution_column`): a second flag for the same thing is refused rather than half-applied."""
+    if training_args.solution_column != "solution":
+        raise ValueError(
+            f"--solution_column {training_args.solution_column!r}: in the recipe, name your gold-answer column with "
+            f"--answer_column {training_args.solution_column} (the recipe copies it to `solution`, the column the "
+            "trainer reads); --solution_column is for the Python API."
+        )
+
+
+def accuracy_func(script_args):
+    """`--accuracy_func`, loaded (`None`: the trainer's default, `verify_answer`)."""
+    return load_function(script_args.accuracy_func, "--accuracy_func") if script_args.accuracy_func else None
+
+
+def write_evaluation(result, output_dir, name, files=None):
     """`reliability_<name>.png`, the metrics with their intervals in `eval_<name>.json`, and every question, answer
-    and confidence in `eval_<name>.jsonl` (one line per answer)."""
+    and confidence in `eval_<name>.jsonl` (one line per answer). `files`: the plot's name and the other two's stem."""
+    plot, stem = files or (f"reliability_{name}.png", f"eval_{name}")
     output_dir = Path(output_dir)
     reliability_diagram(
         result.report,
-        output_dir / f"reliability_{name}.png",
+        output_dir / plot,
         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}"
         + _group_caption(result.report),
     )
-    write_json(output_dir / f"eval_{name}.json", result.to_dict())
-    write_jsonl(output_dir / f"eval_{name}.jsonl", result.rows)
+    write_json(output_dir / f"{stem}.json", result.to_dict())
+    write_jsonl(output_dir / f"{stem}.jsonl", result.rows)
 
 
 def _group_caption(report) -> str:
@@ -204,11 +202,14 @@ def _group_caption(report) -> str:
     return line
 
 
-def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, agreement_samples=0):
+def heldout_evaluation(
+    trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, agreement_samples=0, files=None
+):
     """The held-out evaluation of the trainer's model (`trainer.evaluate()`, a collective: every process calls it) as
-    a calibration report; the main process writes its files. `reuse_last`: the model was evaluated last at this step
-    (the final `--eval_steps` evaluation), so its records are reported instead of generating them again.
-    `agreement_samples`: also the sampling agreement of the greedy answers (`--agreement_samples`)."""
+    a calibration report; the main process writes its files (see `write_evaluation`). `reuse_last`: the model was
+    evaluated last at this step (the final `--eval_steps` evaluation), so its records are reported instead of
+    generating them again. `agreement_samples`: also the sampling agreement of the greedy answers
+    (`--agreement_samples`)."""
     if not reuse_last:
         trainer.evaluate(evaluation)
     k = trainer.args.eval_num_samples
@@ -224,7 +225,34 @@ def heldout_evaluation(trainer, evaluation, name, rlcr_paper_metrics=False, reus
         rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed, agreement_cost=cost
     )
     if trainer.accelerator.is_main_process:
-        write_evaluation(result, trainer.args.output_dir, name)
+        write_evaluation(result, trainer.args.output_dir, name, files)
+    return result
+
+
+def evaluate_base(base_path, tokenizer, evaluation, trainer, script_args, model_args):
+    """The base model (before the format warm-up) evaluated greedily on `evaluation`, by every process on its own
+    training device (`trainer.accelerator.device`): each answers the same rows, so none waits on another in a
+    collective (one process evaluating alone on CPU would keep the others waiting past the collective timeout at
+    1.5B). The main process writes `reliability_base.png`, `eval_base.json` and `eval_base.jsonl`."""
+    accelerator = trainer.accelerator
+    base = AutoModelForCausalLM.from_pretrained(
+        base_path, dtype=model_args.dtype, revision=model_args.model_revision
+    ).to(accelerator.device)
+    result = evaluate_calibration(
+        base,
+        tokenizer,
+        evaluation,
+        trainer.args,
+        batch_size=trainer.args.per_device_eval_batch_size,
+        rlcr_paper_convention=script_args.rlcr_paper_metrics,
+        accuracy_func=accuracy_func(script_args) or verify_answer,
+        progress=accelerator.is_main_process,
+        group_column=script_args.group_column,
+        agreement_samples=script_args.agreement_samples,
+    )
+    del base
+    if accelerator.is_main_process:
+        write_evaluation(result, trainer.args.output_dir, "base")
     return result
 
 
@@ -375,17 +403,16 @@ def main(script_args, training_args, model_args):
     trainer's held-out evaluation (`trainer.evaluate()`), with the settings saved beside the model."""
     started = time.monotonic()
     seconds = {}
+    check_one_answer_column(training_args)
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     train, evaluation = datasets_for(script_args, training_args)
-    dtype = model_args.dtype
-    load_models_as(model_args, training_args)
-
     if script_args.eval_only:
-        eval_only(model_path, evaluation, tokenizer, script_args, training_args)
+        eval_only(model_path, evaluation, script_args, training_args, model_args)
         return
+    load_models_as(model_args, training_args)
 
     report = {"model": model_path}
     if script_args.warmup_samples:
@@ -395,12 +422,15 @@ def main(script_args, training_args, model_args):
 
     trainer = RLCRMultiTurnTrainer(
         model=model_path,
+        reward_funcs=load_reward_funcs(script_args.reward_funcs),
+        accuracy_func=accuracy_func(script_args),
         args=training_args,
         train_dataset=train,
         # evaluate() on the held-out split every --eval_steps (`eval_*` in the log, heldout_curves.png)
         eval_dataset=heldout_split(evaluation, training_args),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        quantization_config=quantization_config(model_args, training_args),
     )
     trainer.heldout_group_column = script_args.group_column
     # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
@@ -408,21 +438,8 @@ def main(script_args, training_args, model_args):
     before_log = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
     if evaluation is not None and not parameters_sharded(trainer):
         clock = time.monotonic()
-        if "warmup" in report and trainer.accelerator.is_main_process:
-            # what the warm-up changed: the base model states no parsable confidence (main process, no trainer)
-            base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, revision=model_args.model_revision)
-            report["base"] = evaluate_calibration(
-                base,
-                tokenizer,
-                evaluation,
-                training_args,
-                batch_size=training_args.per_device_eval_batch_size,
-                rlcr_paper_convention=script_args.rlcr_paper_metrics,
-                group_column=script_args.group_column,
-                agreement_samples=script_args.agreement_samples,
-            )
-            write_evaluation(report["base"], output_dir, "base")
-            del base
+        if "warmup" in report:  # what the warm-up changed: the base model states no parsable confidence
+            report["base"] = evaluate_base(base_path, tokenizer, evaluation, trainer, script_args, model_args)
         report["before"] = heldout_evaluation(
             trainer,
             evaluation,
@@ -479,19 +496,33 @@ def main(script_args, training_args, model_args):
                 "train_log": history,
             },
         )
-        write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
+        save_settings(output_dir, EVALUATION_SETTINGS, script_args, training_args)
         print(summary(report, output_dir, seconds))
     write_model_card(trainer, script_args, BUILTIN_DATA, card_results(report))
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
-    """`--eval_only`: the held-out evaluation of `model_path` (the trainer's, as in training; nothing is trained)."""
+# What `--eval_only` writes (beside the model unless --output_dir says otherwise): never a training run's files.
+# The plot, and the stem of the metrics (.json) and the per-answer records (.jsonl).
+EVAL_ONLY_FILES = ("evaluation_reliability.png", "evaluation")
+
+
+def eval_only(model_path, evaluation, script_args, training_args, model_args):
+    """`--eval_only`: the held-out evaluation of `model_path` (a model, or a LoRA adapter merged into its base; the
+    trainer's evaluation, as in training; nothing is trained): `evaluation.json` (metrics, n, settings),
+    `evaluation.jsonl` (every answer and confidence) and `evaluation_reliability.png`."""
     if evaluation is None:
         raise ValueError("--eval_only needs held-out rows: give --num_eval_samples or a --dataset_test_split.")
+    model, tokenizer_source = eval_model(model_path, model_args, training_args)
     trainer = RLCRMultiTurnTrainer(
-        model=model_path, args=training_args, train_dataset=evaluation, processing_class=tokenizer
+        model=model,
+        reward_funcs=load_reward_funcs(script_args.reward_funcs),
+        accuracy_func=accuracy_func(script_args),
+        args=training_args,
+        train_dataset=evaluation,
+        eval_dataset=evaluation,  # a config's eval_strategy (steps) needs one
+        processing_class=AutoTokenizer.from_pretrained(tokenizer_source, revision=model_args.model_revision),
     )
     trainer.heldout_group_column = script_args.group_column
     if parameters_sharded(trainer):
@@ -500,12 +531,42 @@ def eval_only(model_path, evaluation, tokenizer, script_args, training_args):
             "launch it without the sharded accelerate config."
         )
     result = heldout_evaluation(
-        trainer, evaluation, "eval", script_args.rlcr_paper_metrics, agreement_samples=script_args.agreement_samples
+        trainer,
+        evaluation,
+        "eval",
+        script_args.rlcr_paper_metrics,
+        agreement_samples=script_args.agreement_samples,
+        files=EVAL_ONLY_FILES,
     )
     if not trainer.accelerator.is_main_process:
         return
     output_dir = Path(training_args.output_dir)
-    write_json(output_dir / "metrics.json", {"model": model_path, "eval": result.to_dict()})
-    if Path(model_path).resolve() != output_dir.resolve():  # keep the settings a trained model was reported with
-        write_json(output_dir / SETTINGS_FILE, evaluation_settings(script_args, training_args))
-    print(f"{metrics_line(result)}{_paper_line(result)}\n(bootstrap 95% intervals in brackets) -> {output_dir}")
+    k = training_args.eval_num_samples
+    write_json(
+        output_dir / "evaluation.json",
+        {
+            "model": model_path,
+            "questions": len(evaluation),
+            "samples_per_question": k,
+            **result.to_dict(),
+            "settings": evaluation_settings(script_args, training_args),
+        },
+    )
+    print(
+        f"{len(evaluation)} questions x {k} sample(s), {result.report.n} with a parsed confidence:\n"
+        f"{metrics_line(result)}{_paper_line(result)}\n(bootstrap 95% intervals in brackets)\n"
+        f"report in {output_dir}: evaluation.json, evaluation.jsonl (one line per answer), {EVAL_ONLY_FILES[0]}"
+    )
+
+
+# The embedded-default run: used when the command line names neither a model nor a config.
+DEFAULT_CONFIG = "rlcr_smollm2_cpu.yaml"
+
+
+def run(argv=None) -> None:
+    """The RLCR recipe's command line (`trl-ext rlcr`, `recipes/rlcr.py`): parse `argv` (default: `sys.argv[1:]`) and run
+    [`main`]."""
+
+    run_recipe(
+        main, RLCRScriptArguments, RLCRMultiTurnConfig, config_path(DEFAULT_CONFIG), argv, reuse_evaluation_settings
+    )

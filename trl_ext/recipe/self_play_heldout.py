@@ -23,11 +23,11 @@ def heldout_set(task, script_args, seed):
     return task.heldout_questions(script_args.heldout_size, seed)
 
 
-def evaluate_heldout(trainer, task, questions, name, reuse_last=False):
+def evaluate_heldout(trainer, task, questions, name, reuse_last=False, rows_file=None):
     """The solver's held-out accuracy through the trainer's held-out evaluation (`trainer.evaluate()`, a collective:
     every process calls it); the main process writes every question, reply and score to `heldout_<name>.json`.
     `reuse_last`: the model was evaluated last at this step (the final `--eval_steps` evaluation): its records are
-    reported instead of generating them again."""
+    reported instead of generating them again. `rows_file`: another file name than `heldout_<name>.json`."""
     if not reuse_last:
         trainer.evaluate([dict(question) for question in questions])
     k = trainer.args.eval_num_samples
@@ -37,7 +37,7 @@ def evaluate_heldout(trainer, task, questions, name, reuse_last=False):
     require_scores(task, samples, scores)
     result = solver_evaluation(task, samples, scores, [r["reply"] for r in records])
     if trainer.accelerator.is_main_process:
-        path = Path(trainer.args.output_dir) / f"heldout_{name}.json"
+        path = Path(trainer.args.output_dir) / (rows_file or f"heldout_{name}.json")
         write_json(path, {**result.to_dict(), "rows": result.rows})
     return result
 

