@@ -171,23 +171,63 @@ def memory_cgroup_delegated():
     return delegated
 
 
-def isolate_server(config):
-    """Once, in the server: user namespace when not root, then a read-only private view of the file systems and an
-    empty network namespace. Returns (namespaces entered, what could not be isolated)."""
-    namespaces, missing = [], []
+def has_cap_sys_admin():
+    with open("/proc/self/status") as f:
+        caps = next(line.split()[1] for line in f if line.startswith("CapEff:"))
+    return bool(int(caps, 16) >> 21 & 1)  # CAP_SYS_ADMIN
+
+
+def enter_user_namespace(config):
+    """A new user namespace in which this process holds every capability. Not root: the caller's uid mapped to
+    itself. Root without CAP_SYS_ADMIN (a container's default root): root and NOBODY mapped to themselves, so the
+    children still drop to uid 65534 (a child keeping uid 0 would read every file of root's). Only a process outside
+    the namespace with CAP_SETUID and CAP_SETGID may write a mapping of more than its own uid: a helper forked
+    before the unshare writes it."""
     uid, gid = os.getuid(), os.getgid()
-    if config["root"] is False:
+    if not config["root"]:
+        unshare(CLONE_NEWUSER)
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write("%d %d 1" % (uid, uid))
+        with open("/proc/self/gid_map", "w") as f:
+            f.write("%d %d 1" % (gid, gid))
+        return
+    ready_r, ready_w = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        os.close(ready_w)
+        code = 1
         try:
-            unshare(CLONE_NEWUSER)
-            with open("/proc/self/setgroups", "w") as f:
-                f.write("deny")
-            with open("/proc/self/uid_map", "w") as f:
-                f.write("%d %d 1" % (uid, uid))
-            with open("/proc/self/gid_map", "w") as f:
-                f.write("%d %d 1" % (gid, gid))
+            if os.read(ready_r, 1) == b"u":  # the server is in its new namespace
+                for name in ("uid_map", "gid_map"):
+                    with open("/proc/%d/%s" % (os.getppid(), name), "w") as f:
+                        f.write("0 0 1\n%d %d 1\n" % (NOBODY, NOBODY))
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_r)
+    try:
+        unshare(CLONE_NEWUSER)
+        os.write(ready_w, b"u")
+    finally:
+        os.close(ready_w)
+        status = os.waitpid(helper, 0)[1]
+    if status != 0:
+        raise OSError(errno.EPERM, "mapping root and uid %d needs CAP_SETUID and CAP_SETGID" % NOBODY)
+
+
+def isolate_server(config):
+    """Once, in the server: a user namespace when not root or root without CAP_SYS_ADMIN, then a read-only private
+    view of the file systems and an empty network namespace. Returns (namespaces entered, what could not be
+    isolated)."""
+    namespaces, missing = [], []
+    if not (config["root"] and has_cap_sys_admin()):
+        try:
+            enter_user_namespace(config)
             namespaces.append("user")
-        except OSError as exc:  # what else is missing then depends on Landlock (see Server)
-            return namespaces, ["user namespace refused (%s)" % exc.strerror]
+        except OSError as exc:  # what else is missing then depends on Landlock and the filter (see Server)
+            return namespaces, ["user namespace refused (%s): no mount, PID or network namespace" % exc.strerror]
     try:
         unshare(CLONE_NEWNET)
         namespaces.append("network")
@@ -229,7 +269,7 @@ def isolate_server(config):
                 mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0755")
             except OSError:
                 failed.append(point)
-    if "user" in namespaces and config.get("home") not in (None, "/"):
+    if not config["root"] and config.get("home") not in (None, "/"):
         # The snippet keeps the caller's uid here: without this it reads every file of the caller's home directory
         # (tokens, keys, caches), mode 0600 included.
         try:
@@ -330,24 +370,44 @@ def landlock(abi, readable, writable):
         os.close(ruleset)
 
 
+# What no filter leaves denied (named in `isolation()["missing"]` when libseccomp is missing).
+UNFILTERED = (
+    "new user namespaces, keyrings, memfd and shared memory, ptrace and process_vm_*, bpf, io_uring, the page-cache "
+    "calls (fadvise DONTNEED, RWF_NOWAIT, mincore) and every socket family (AF_VSOCK included) are allowed"
+)
+# Root without namespaces (opted in): each execution runs as a uid of its own, drawn from this range, so it can
+# signal no other snippet (nor a process of uid 65534) and finds no file of an earlier one it could write.
+SNIPPET_UIDS = (0x7E000000, 1 << 24)
+
+
 class Server:
     def __init__(self, config):
         self.root = os.getuid() == 0
         self.config = dict(config, root=self.root, uid=os.getuid())
+        allowed = config.get("allow_unisolated")
         join_new_session_keyring(config.get("keyctl"))
         self.memory_cgroup = memory_cgroup_delegated()
         self.namespaces, self.missing = isolate_server(self.config)
-        self.refused, self.landlock = None, 0
-        if not self.root and not self.namespaces:
-            self.refused = self.unisolated(config.get("allow_unisolated"))
-            if self.refused:
-                return
-        if config.get("filter"):
-            self.filter = SyscallFilter(bytes.fromhex(config["filter"]), config.get("seccomp"))
+        if config.get("keyctl") is None:
+            self.missing.append("session keyring: keyctl's number is unknown here, the caller's keyring is inherited")
+        self.per_child_ns = 0
+        if "mount" in self.namespaces:  # the zygote's namespaces for each child
+            self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
+            self.per_child_ns |= CLONE_NEWNET if "network" in self.namespaces else 0
+        if config.get("filters"):
+            program = config["filters"]["network" if "network" in self.namespaces else "no network"]
+            self.filter = SyscallFilter(bytes.fromhex(program), config.get("seccomp"))
         else:
             self.filter = None
-            self.missing.append(config.get("filter_missing") or "no system-call filter")
-        self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC if "mount" in self.namespaces else 0
+            self.missing.append("%s: %s" % (config.get("filter_missing") or "no system-call filter", UNFILTERED))
+        self.refused, self.landlock, self.snippet_uids = None, 0, None
+        # No mount or network namespace, or no filter: refused unless the caller opted in (see `harden`).
+        if not (self.per_child_ns & CLONE_NEWNET and self.filter):
+            if not allowed:
+                self.refused = "; ".join(self.missing)
+                return
+            if not self.per_child_ns:
+                self.harden()
         self.ordered, self.forked = False, None
         self.exits = {}  # pid -> exit status, as the zygote reported it when asked
         for name in PRELOAD:
@@ -361,19 +421,21 @@ class Server:
         failed = json.loads(self.zygote.recv(4096) or b'{"filter_failed": "the zygote exited"}')["filter_failed"]
         if failed:
             self.filter = None
-            self.missing.append(failed)
+            self.missing.append("%s: %s" % (failed, UNFILTERED))
+            if not allowed:
+                self.refused = "; ".join(self.missing)
 
-    def unisolated(self, allowed):
-        """Without namespaces a snippet runs as the caller's uid, next to the caller's processes: it could read
-        their memory and environment (/proc/<pid>/mem, environ) and write into another fork server's pipes. Only
-        when the caller opted in, and then with what works unprivileged: the host and the servers not dumpable
-        (no /proc access, no ptrace by the same uid), Landlock, the system-call filter. Returns why it is refused,
-        or None."""
-        if not allowed:
-            return self.missing[0]
+    def harden(self):
+        """Without namespaces a snippet runs next to the host's processes: as the caller's uid when not root (it
+        could read their memory and environment, /proc/<pid>/mem and environ, and write into another fork server's
+        pipes). Opted in, it gets what works without namespaces: the host and the servers not dumpable (no /proc
+        access, no ptrace by the same uid), Landlock, as root a uid of its own per execution, and (with the filter)
+        no socket() at all."""
         prctl(PR_SET_DUMPABLE, 0)
         self.landlock = landlock_abi()
         uid = self.config["uid"]
+        if self.root:
+            self.snippet_uids = SNIPPET_UIDS
         if self.landlock:
             self.readable = [
                 p
@@ -387,38 +449,47 @@ class Server:
                 "file system: Landlock (ABI %d) limits reads to the system and interpreter "
                 "directories and writes to the snippet's own directory" % self.landlock
             )
-            self.missing.append(
-                "network: %s"
-                % (
-                    "UDP and Unix sockets can reach the host (Landlock denies TCP)"
-                    if self.landlock >= 4
-                    else "sockets can reach the network"
-                )
-            )
-            if self.landlock < 6:
-                self.missing.append("processes: snippets may signal the other processes of uid %d" % uid)
         else:
             self.missing += [
                 "Landlock unavailable",
-                "network: sockets can reach the network",
-                "file system: readable and writable wherever uid %d may, /tmp shared" % uid,
-                "processes: snippets see and may signal the other processes of uid %d" % uid,
+                "file system: readable and writable wherever the snippet's uid may, /tmp shared",
             ]
-        return None
+        if "network" in self.namespaces:
+            pass
+        elif self.filter:
+            self.missing.append("network: no network namespace; the filter denies socket() (socketpair(AF_UNIX) only)")
+        elif self.landlock >= 4:
+            self.missing.append("network: UDP and Unix sockets can reach the host (Landlock denies TCP)")
+        else:
+            self.missing.append("network: sockets can reach the network")
+        if self.root:
+            self.missing.append(
+                "processes: no PID namespace; each execution runs as a uid of its own (%d + a random offset below "
+                "%d), so it can signal no other process" % SNIPPET_UIDS
+            )
+        elif self.landlock >= 6:
+            self.missing.append("processes: no PID namespace; Landlock scopes signals to the snippet's own")
+        else:
+            self.missing.append("processes: snippets see and may signal the other processes of uid %d" % uid)
 
     def describe(self):
         if self.refused:
             return {"refused": self.refused}
         rlimits = ["RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_CORE"]
         namespaces = list(self.namespaces) + ["ipc"] * bool(self.per_child_ns)
-        if self.root:
+        if self.snippet_uids:
+            uid = "%d..%d (a random one per execution)" % (self.snippet_uids[0], sum(self.snippet_uids) - 1)
+            privileges = "setuid/setgid to a uid of its own, no supplementary groups, no_new_privs"
+        elif self.root:
             uid, privileges = NOBODY, "setuid/setgid to %d, no supplementary groups, no_new_privs" % NOBODY
         elif "user" in self.namespaces:
             uid, privileges = self.config["uid"], "all capabilities dropped, no_new_privs"
         else:
             uid, privileges = self.config["uid"], "unchanged (the caller's uid), no_new_privs"
         if self.filter is not None:
-            privileges += ", system-call filter (seccomp), a new session keyring"
+            privileges += ", system-call filter (seccomp)"
+        if self.config.get("keyctl") is not None:
+            privileges += ", a new session keyring"
         if self.landlock:
             privileges += ", Landlock, fork servers and host not dumpable"
         memory = "RLIMIT_AS per snippet; outside its address space it can hold %s%s; %s" % (
@@ -430,7 +501,12 @@ class Server:
             if self.memory_cgroup
             else "no cgroup v2 memory controller is delegated here",
         )
-        mode = "root" if self.root else "user namespace" if self.namespaces else "unisolated (opted in)"
+        if not self.per_child_ns:
+            mode = "unisolated (opted in)"
+        elif self.root:
+            mode = "root (user namespace)" if "user" in self.namespaces else "root"
+        else:
+            mode = "user namespace"
         return {
             "mode": mode,
             "namespaces": namespaces,
@@ -496,13 +572,15 @@ class Server:
                 "value_repr": None,
                 "duration_s": 0.0,
             }
-        workdir = None
+        workdir, uid = None, NOBODY
+        if self.snippet_uids:
+            uid = self.snippet_uids[0] + int.from_bytes(os.urandom(4), "little") % self.snippet_uids[1]
         if not self.per_child_ns:  # no private tmpfs: a fresh directory of our own, removed afterwards
             workdir = "/tmp/trl-ext-sandbox-%s" % os.urandom(16).hex()
             os.mkdir(workdir, 0o700)
             if self.root:
-                os.chown(workdir, NOBODY, NOBODY)
-        req["nonce"], req["workdir"] = os.urandom(16).hex(), workdir
+                os.chown(workdir, uid, uid)
+        req["nonce"], req["workdir"], req["uid"] = os.urandom(16).hex(), workdir, uid
         start = time.monotonic()
         try:
             write_all(req_w, json.dumps(req).encode())
@@ -612,7 +690,13 @@ class Zygote:
         if self.per_child_ns:
             self.own_namespaces = [
                 (kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
-                for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))
+                for kind, name in (
+                    (CLONE_NEWNS, "mnt"),
+                    (CLONE_NEWIPC, "ipc"),
+                    (CLONE_NEWPID, "pid"),
+                    (CLONE_NEWNET, "net"),
+                )
+                if self.per_child_ns & kind
             ]
 
     @classmethod
@@ -629,11 +713,15 @@ class Zygote:
         try:
             zygote = cls(zygote_end, server)
             prctl(PR_SET_NO_NEW_PRIVS, 1)  # needed to install a filter without CAP_SYS_ADMIN; the zygote never execs
+            # The children's session keyring, fresh and empty, joined here because the filter denies every keyring
+            # call: a snippet cannot join more (each join would take a key of its uid's quota) nor use this one.
+            join_new_session_keyring(zygote.keyctl)
             failed = None
             if zygote.filter is not None:
                 try:
                     zygote.filter.install()
                 except OSError as exc:
+                    zygote.filter = None
                     failed = "system-call filter not installed (%s)" % exc.strerror
             zygote_end.send(json.dumps({"filter_failed": failed}).encode())
             zygote.serve()
@@ -729,7 +817,8 @@ def child(req_r, out_w, res_w, zygote):
     early = None
     try:
         os.setsid()
-        join_new_session_keyring(zygote.keyctl)
+        if zygote.filter is None:  # one of its own (the filter would deny this: see Zygote.start)
+            join_new_session_keyring(zygote.keyctl)
         if zygote.per_child_ns:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         os.dup2(req_r, REQUEST_FD, inheritable=False)
@@ -775,9 +864,10 @@ def child(req_r, out_w, res_w, zygote):
         limit(resource.RLIMIT_NPROC, 0)
         limit(resource.RLIMIT_MEMLOCK, 0)
         if zygote.root:  # not before the request: a child waiting for one is not yet a process of that uid
+            uid = req["uid"]
             os.setgroups([])
-            os.setresgid(NOBODY, NOBODY, NOBODY)
-            os.setresuid(NOBODY, NOBODY, NOBODY)
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
         elif zygote.per_child_ns:
             drop_capabilities()
         os.environ.clear()
