@@ -303,24 +303,33 @@ def test_isolation_report():
         assert pids == ["1"] and cwd == "/tmp"
 
 
-def test_without_libseccomp_the_report_says_so(monkeypatch):
-    # libseccomp.so.2 missing (or too old): snippets still run, and isolation() and a warning say what is missing.
+def test_without_libseccomp_no_run_unless_opted_in(monkeypatch):
+    # libseccomp.so.2 missing (or too old): refused, unless opted in; then isolation() and a warning name every layer
+    # the filter would have held, and the session keyring is replaced all the same (keyctl's number from a table).
     import trl_ext.sandbox.pool as pool_module
+    import trl_ext.sandbox.syscall_filter as filter_module
 
     monkeypatch.setattr(
-        pool_module,
-        "server_config",
-        lambda: {"filter": None, "filter_missing": "no system-call filter: libseccomp unavailable (test)"},
+        filter_module, "compile_filter", lambda: (None, {}, "no system-call filter: libseccomp (test)")
     )
-    pool = SandboxPool()
+    monkeypatch.setattr(pool_module, "compile_filter", filter_module.compile_filter)
+    pool_module.server_config.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match="libseccomp unavailable"):
-            info = pool.info()
-        assert "no system-call filter: libseccomp unavailable (test)" in info["missing"]
-        assert "seccomp" not in info["privileges"]
-        assert pool.run("result = 1", "result", Limits()).value == 1
+        with pytest.raises(RuntimeError, match="libseccomp \\(test\\)") as refused:
+            SandboxPool(allow_unisolated=False).info()
+        assert "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in str(refused.value)
+        pool = SandboxPool(allow_unisolated=True)
+        try:
+            with pytest.warns(RuntimeWarning, match="libseccomp \\(test\\)"):
+                info = pool.info()
+            (line,) = [m for m in info["missing"] if "libseccomp (test)" in m]
+            assert all(layer in line for layer in ("user namespaces", "keyrings", "memfd", "page-cache", "AF_VSOCK"))
+            assert "seccomp" not in info["privileges"] and "a new session keyring" in info["privileges"]
+            assert pool.run("result = 1", "result", Limits()).value == 1
+        finally:
+            pool.close()
     finally:
-        pool.close()
+        pool_module.server_config.cache_clear()
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the interpreter check matters when the sandbox drops to uid 65534")
