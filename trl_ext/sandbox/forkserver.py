@@ -5,15 +5,16 @@ This file is never imported by the host: `trl_ext.sandbox.pool` reads its text a
 must not import anything from `trl_ext` and must run on whichever interpreter executes the snippets.
 
 At start the server isolates itself once: a private mount namespace in which every mount is read-only (nosuid,
-nodev), and a new network namespace with no usable interface; as a non-root user it first enters a new user
-namespace to be allowed to do so. It never runs snippet code itself, and it never forks snippet processes either:
-before it reads its first request it forks a zygote, which from then on receives nothing but orders to fork, so the
-memory every snippet process inherits holds nothing of any earlier request, output or value. For each request the
-zygote forks a fresh child, which enters new mount, PID and IPC namespaces, gets a private tmpfs on /tmp as its
-empty working directory and a fresh /proc, reads its own request, sets its rlimits, drops to an unprivileged
-uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only then executes the
-snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap) kills
-anything it started; with the process limit at 0 it cannot start anything anyway.
+nodev), and a new network namespace with no usable interface; as a non-root user, or as root without CAP_SYS_ADMIN,
+it first enters a new user namespace to be allowed to do so. Without them (or without the filter) it refuses unless
+the caller opted in. It never runs snippet code itself, and it never forks snippet processes either: before it reads
+its first request it forks a zygote, which from then on receives nothing but orders to fork, so the memory every
+snippet process inherits holds nothing of any earlier request, output or value. For each request the zygote forks a
+fresh child, which enters new mount and PID namespaces (IPC too without a filter) and a network namespace, gets a
+private tmpfs on /tmp as its empty working directory and a fresh /proc, reads its own request, sets its rlimits,
+drops to an unprivileged uid/gid (or, in a user namespace, drops all capabilities), forbids new privileges, and only
+then executes the snippet. The child is PID 1 of its PID namespace, so killing it (wall-clock timeout, output cap)
+kills anything it started; with the process limit at 0 it cannot start anything anyway.
 
 The snippet's value travels back as `repr()` text on a separate pipe, framed with a per-execution random nonce, so
 printing cannot forge it; the host reads it with `ast.literal_eval`, never with pickle.
@@ -390,21 +391,22 @@ class Server:
         self.namespaces, self.missing = isolate_server(self.config)
         if config.get("keyctl") is None:
             self.missing.append("session keyring: keyctl's number is unknown here, the caller's keyring is inherited")
-        self.per_child_ns = 0
-        if "mount" in self.namespaces:  # the zygote's namespaces for each child
-            self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC
-            self.per_child_ns |= CLONE_NEWNET if "network" in self.namespaces else 0
         if config.get("filters"):
             program = config["filters"]["network" if "network" in self.namespaces else "no network"]
             self.filter = SyscallFilter(bytes.fromhex(program), config.get("seccomp"))
         else:
             self.filter = None
             self.missing.append("%s: %s" % (config.get("filter_missing") or "no system-call filter", UNFILTERED))
+        # The namespaces the zygote makes for each child; the child makes its own network namespace (see `child`).
+        # An IPC namespace only without the filter (see Zygote.start), which denies creating any IPC object.
+        self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID if "mount" in self.namespaces else 0
+        self.per_child_ns |= CLONE_NEWIPC if self.per_child_ns and not self.filter else 0
+        self.per_child_net = bool(self.per_child_ns) and "network" in self.namespaces
         self.refused, self.landlock, self.snippet_uids = None, 0, None
         # No mount or network namespace, or no filter: refused unless the caller opted in (see `harden`).
-        if not (self.per_child_ns & CLONE_NEWNET and self.filter):
+        if not (self.per_child_net and self.filter):
             if not allowed:
-                self.refused = "; ".join(self.missing)
+                self.refused = "; ".join(self.missing) or "isolation incomplete"
                 return
             if not self.per_child_ns:
                 self.harden()
@@ -676,27 +678,23 @@ class Server:
 class Zygote:
     """The process every snippet process is forked from. It is forked from the server before the server reads its
     first request and then receives nothing but one-byte orders, so its memory (which each snippet inherits) holds
-    no request, code, output or value of any execution. Per order it forks a child into new mount, PID and IPC
-    namespaces with a private tmpfs on /tmp (entering them with `unshare` and returning with `setns`, so one fork
-    suffices and the child is PID 1 there) and passes the child's pipes to the server over the control socket; the
-    child reads its own request from one of them. The zygote reaps its children; the server asks it for an exit
-    status when it needs one (a child that ended without a result)."""
+    no request, code, output or value of any execution. Per order it forks a child into new mount and PID
+    namespaces (and IPC without a filter; the child adds a network namespace itself) with a private tmpfs on /tmp
+    (entering them with `unshare` and returning with `setns`, so one fork suffices and the child is PID 1 there)
+    and passes the child's pipes to the server over the control socket; the child reads its own request from one of
+    them. The zygote reaps its children; the server asks it for an exit status when it needs one (a child that
+    ended without a result)."""
 
     def __init__(self, sock, server):
         self.sock, self.per_child_ns, self.root = sock, server.per_child_ns, server.root
+        self.per_child_net = server.per_child_net
         self.filter, self.keyctl = server.filter, server.config.get("keyctl")
         self.landlock, self.readable = server.landlock, getattr(server, "readable", None)
         self.statuses = {}
         if self.per_child_ns:
             self.own_namespaces = [
                 (kind, os.open("/proc/self/ns/" + name, os.O_RDONLY))
-                for kind, name in (
-                    (CLONE_NEWNS, "mnt"),
-                    (CLONE_NEWIPC, "ipc"),
-                    (CLONE_NEWPID, "pid"),
-                    (CLONE_NEWNET, "net"),
-                )
-                if self.per_child_ns & kind
+                for kind, name in ((CLONE_NEWNS, "mnt"), (CLONE_NEWIPC, "ipc"), (CLONE_NEWPID, "pid"))
             ]
 
     @classmethod
@@ -722,6 +720,7 @@ class Zygote:
                     zygote.filter.install()
                 except OSError as exc:
                     zygote.filter = None
+                    zygote.per_child_ns |= CLONE_NEWIPC if zygote.per_child_ns else 0
                     failed = "system-call filter not installed (%s)" % exc.strerror
             zygote_end.send(json.dumps({"filter_failed": failed}).encode())
             zygote.serve()
@@ -805,15 +804,15 @@ class Zygote:
         """Back to the zygote's own namespaces; one that cannot return must not fork again (the server, then the
         host, replace it when it exits)."""
         for kind, fd in self.own_namespaces:
-            if libc.setns(fd, kind) != 0:
+            if self.per_child_ns & kind and libc.setns(fd, kind) != 0:
                 os._exit(1)
 
 
 def child(req_r, out_w, res_w, zygote):
     """The snippet's process, in its new namespaces. What does not depend on the request is done before it arrives
-    (while the previous snippet runs): /proc, the keyring, the descriptors (the system-call filter and
-    `no_new_privs` come with the fork). Then it reads its request, sets its limits, drops its privileges and runs
-    the snippet."""
+    (while the previous snippet runs): /proc, the keyring (without a filter), the descriptors (the system-call
+    filter and `no_new_privs` come with the fork). Then it reads its request, sets its limits, drops its privileges
+    and runs the snippet."""
     early = None
     try:
         os.setsid()
@@ -821,6 +820,11 @@ def child(req_r, out_w, res_w, zygote):
             join_new_session_keyring(zygote.keyctl)
         if zygote.per_child_ns:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        if zygote.per_child_net:
+            # A network namespace of its own, so nothing an earlier snippet bound (an abstract Unix socket kept
+            # alive by an SCM_RIGHTS cycle) is visible. Made here, not in the zygote: it takes ~0.5 ms, which
+            # overlaps with the previous snippet instead of delaying the zygote's next fork.
+            unshare(CLONE_NEWNET)
         os.dup2(req_r, REQUEST_FD, inheritable=False)
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
