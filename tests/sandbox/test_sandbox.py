@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -481,6 +482,56 @@ def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobo
     assert environ and mem and pipe and outside  # PermissionError: not dumpable, Landlock
     assert "BlockingIOError" in fork and cpu.startswith("timeout")  # wall clock or CPU rlimit
     assert ok is None  # its own directory stays writable
+
+
+def test_signal_scope_filter_lets_a_snippet_signal_only_itself():
+    # Not root without a PID namespace, snippets share the caller's uid: where Landlock cannot scope signals (ABI < 6)
+    # a second filter, built per child with its pid, does. Checked here on its own, in a forked process.
+    import pyseccomp
+
+    from trl_ext.sandbox.syscall_filter import SIGNAL_CALLS
+
+    server = {"__name__": "forkserver"}
+    exec(compile((REPO / "trl_ext" / "sandbox" / "forkserver.py").read_text(), "forkserver.py", "exec"), server)
+    numbers = {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in SIGNAL_CALLS}
+    other = subprocess.Popen(["sleep", "60"])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports through the pipe
+        outcome = []
+        try:
+            os.setsid()  # as a snippet's process: it leads its own group
+            server["prctl"](server["PR_SET_NO_NEW_PRIVS"], 1)
+            server["SyscallFilter"](server["signal_scope_filter"](os.getpid(), numbers), None).install()
+            for target in (other.pid, -1, -other.pid, os.getpid(), 0, -os.getpid()):
+                try:
+                    os.kill(target, 0)
+                    outcome.append("sent")
+                except OSError as exc:
+                    outcome.append(exc.errno)
+            signal.pthread_kill(threading.get_ident(), 0)  # tgkill to itself
+            for call in (
+                lambda: os.pidfd_open(other.pid),
+                lambda: signal.pidfd_send_signal(os.pidfd_open(os.getpid()), 0),
+            ):
+                try:
+                    call()
+                    outcome.append("done")
+                except OSError as exc:
+                    outcome.append(exc.errno)
+        except BaseException as exc:
+            outcome.append(repr(exc))
+        os.write(write, json.dumps(outcome).encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        outcome = json.loads(os.read(read, 4096))
+    finally:
+        os.waitpid(pid, 0)
+        other.kill()
+        other.wait()
+    eperm = 1
+    assert outcome == [eperm, eperm, eperm, "sent", "sent", "sent", eperm, eperm], outcome
 
 
 @pytest.mark.parametrize(

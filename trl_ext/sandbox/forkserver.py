@@ -32,6 +32,7 @@ import resource
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 
@@ -381,6 +382,47 @@ UNFILTERED = (
 SNIPPET_UIDS = (0x7E000000, 1 << 24)
 
 
+SECCOMP_RET_ALLOW, SECCOMP_RET_EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM
+# The calls that signal a process, and whom each may target when signals are scoped by `signal_scope_filter`.
+SIGNAL_CALLS = {
+    "kill": "own group",
+    "tkill": "itself",
+    "tgkill": "itself",
+    "rt_sigqueueinfo": "itself",
+    "rt_tgsigqueueinfo": "itself",
+    "pidfd_open": "itself",
+    "pidfd_send_signal": "none",
+}
+
+
+def signal_scope_filter(pid, numbers):
+    """A BPF program that lets process `pid` signal only itself (and its own process group, which it leads alone):
+    for snippets that share the caller's uid without a PID namespace or Landlock's signal scoping. Installed on top
+    of the system-call filter, whose architecture check it relies on. A pid is an int: its low 32 bits are
+    compared, as the kernel reads it."""
+    own, group = pid & 0xFFFFFFFF, -pid & 0xFFFFFFFF
+    arg0 = 16 if sys.byteorder == "little" else 20  # offsetof(struct seccomp_data, args[0]), its low half
+    blocks = {
+        "own group": [("ld", arg0), ("jeq", 0, "allow"), ("jeq", group, "allow"), ("jeq", own, "allow")],
+        "itself": [("ld", arg0), ("jeq", own, "allow")],
+        "none": [],
+    }
+    code = [("ld", 0)]  # the call's number
+    code += [("jeq", numbers[name], target) for name, target in SIGNAL_CALLS.items() if numbers.get(name, -1) >= 0]
+    code.append(("ret", SECCOMP_RET_ALLOW))
+    labels = {}
+    for name, block in blocks.items():
+        labels[name] = len(code)
+        code += block + [("ret", SECCOMP_RET_EPERM)]
+    labels["allow"] = len(code)
+    code.append(("ret", SECCOMP_RET_ALLOW))
+    program = b""
+    for i, (op, k, *target) in enumerate(code):
+        opcode = {"ld": 0x20, "jeq": 0x15, "ret": 0x06}[op]  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET
+        program += struct.pack("=HBBI", opcode, labels[target[0]] - i - 1 if target else 0, 0, k)
+    return program
+
+
 class Server:
     def __init__(self, config):
         self.root = os.getuid() == 0
@@ -402,7 +444,7 @@ class Server:
         self.per_child_ns = CLONE_NEWNS | CLONE_NEWPID if "mount" in self.namespaces else 0
         self.per_child_ns |= CLONE_NEWIPC if self.per_child_ns and not self.filter else 0
         self.per_child_net = bool(self.per_child_ns) and "network" in self.namespaces
-        self.refused, self.landlock, self.snippet_uids = None, 0, None
+        self.refused, self.landlock, self.snippet_uids, self.scope_signals = None, 0, None, False
         # No mount or network namespace, or no filter: refused unless the caller opted in (see `harden`).
         if not (self.per_child_net and self.filter):
             if not allowed:
@@ -431,13 +473,15 @@ class Server:
         """Without namespaces a snippet runs next to the host's processes: as the caller's uid when not root (it
         could read their memory and environment, /proc/<pid>/mem and environ, and write into another fork server's
         pipes). Opted in, it gets what works without namespaces: the host and the servers not dumpable (no /proc
-        access, no ptrace by the same uid), Landlock, as root a uid of its own per execution, and (with the filter)
-        no socket() at all."""
+        access, no ptrace by the same uid), Landlock, as root a uid of its own per execution, and with the filter no
+        socket() at all and, not root, a second filter per child that lets it signal only itself."""
         prctl(PR_SET_DUMPABLE, 0)
         self.landlock = landlock_abi()
         uid = self.config["uid"]
         if self.root:
             self.snippet_uids = SNIPPET_UIDS
+        else:  # a second filter per child, with its own pid (Landlock ABI 6 scopes signals too, where there)
+            self.scope_signals = self.filter is not None
         if self.landlock:
             self.readable = [
                 p
@@ -469,8 +513,11 @@ class Server:
                 "processes: no PID namespace; each execution runs as a uid of its own (%d + a random offset below "
                 "%d), so it can signal no other process" % SNIPPET_UIDS
             )
-        elif self.landlock >= 6:
-            self.missing.append("processes: no PID namespace; Landlock scopes signals to the snippet's own")
+        elif self.scope_signals or self.landlock >= 6:
+            self.missing.append(
+                "processes: no PID namespace; signals scoped to the snippet itself (%s)"
+                % ("the filter" if self.scope_signals else "Landlock")
+            )
         else:
             self.missing.append("processes: snippets see and may signal the other processes of uid %d" % uid)
 
@@ -689,6 +736,7 @@ class Zygote:
         self.sock, self.per_child_ns, self.root = sock, server.per_child_ns, server.root
         self.per_child_net = server.per_child_net
         self.filter, self.keyctl = server.filter, server.config.get("keyctl")
+        self.scope_signals, self.signal_calls = server.scope_signals, server.config.get("signal_calls", {})
         self.landlock, self.readable = server.landlock, getattr(server, "readable", None)
         self.statuses = {}
         if self.per_child_ns:
@@ -878,6 +926,8 @@ def child(req_r, out_w, res_w, zygote):
         os.environ.update({"HOME": os.getcwd(), "TMPDIR": os.getcwd(), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
         if zygote.landlock:
             landlock(zygote.landlock, zygote.readable, [os.getcwd(), "/dev/null"])
+        if zygote.scope_signals and zygote.filter is not None:
+            SyscallFilter(signal_scope_filter(os.getpid(), zygote.signal_calls), zygote.filter.seccomp_nr).install()
     except BaseException as exc:
         write_all(res_w, (nonce + json.dumps({"error": "sandbox setup failed: %s" % exc})).encode())
         os._exit(0)

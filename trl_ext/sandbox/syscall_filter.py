@@ -51,6 +51,8 @@ KEYCTL_NUMBERS = {
     "ppc64": 271,
     "s390x": 280,
 }
+# The calls that signal a process: the fork server scopes them per child where nothing else does.
+SIGNAL_CALLS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_send_signal")
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6)  # what a snippet may create (no AF_VSOCK, AF_NETLINK, AF_PACKET...)
 RWF_NOWAIT = 0x8
@@ -129,7 +131,7 @@ def keyctl_number() -> int | None:
 
 
 def compile_filter() -> tuple[dict[str, bytes] | None, dict[str, int], str | None]:
-    """({"network": BPF program, "no network": BPF program}, the number of the `seccomp` system call, None), or
+    """({"network": BPF program, "no network": BPF program}, the numbers of `seccomp` and the signal calls, None), or
     (None, {}, why no filter can be built here). "no network" is for fork servers without a network namespace: it
     also denies `socket()`."""
     try:
@@ -140,7 +142,9 @@ def compile_filter() -> tuple[dict[str, bytes] | None, dict[str, int], str | Non
         programs = {"network": _build(seccomp, network=True), "no network": _build(seccomp, network=False)}
     except OSError as exc:
         return None, {}, f"no system-call filter: libseccomp failed ({exc})"
-    return programs, {"seccomp": seccomp.resolve_syscall(seccomp.Arch.NATIVE, "seccomp")}, None
+    number = lambda name: seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)  # noqa: E731
+    signal_calls = {name: number(name) for name in SIGNAL_CALLS}
+    return programs, {"seccomp": number("seccomp"), "signal_calls": signal_calls}, None
 
 
 def _build(seccomp, network: bool) -> bytes:
