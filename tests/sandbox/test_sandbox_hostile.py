@@ -494,7 +494,10 @@ def test_the_page_cache_is_not_a_register(sentinels):
     # passes the two-run determinism check, then answers differently.
     public = sentinels / "public.txt"
     public.read_bytes()
-    assert page_cached(public)
+    try:
+        assert page_cached(public)
+    except OSError as exc:  # EOPNOTSUPP: this file system cannot read without waiting
+        pytest.skip(f"RWF_NOWAIT reads are not supported on the sentinels' file system ({exc})")
     write = fails(
         f"import os\nfd = os.open({str(public)!r}, os.O_RDONLY)\nos.pread(fd, 1, 0)\n"
         f"os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",

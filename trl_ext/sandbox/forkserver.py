@@ -500,14 +500,14 @@ class Server:
                 "Landlock unavailable",
                 "file system: readable and writable wherever the snippet's uid may, /tmp shared",
             ]
-        if "network" in self.namespaces:
-            pass
-        elif self.filter:
-            self.missing.append("network: no network namespace; the filter denies socket() (socketpair(AF_UNIX) only)")
-        elif self.landlock >= 4:
-            self.missing.append("network: UDP and Unix sockets can reach the host (Landlock denies TCP)")
-        else:
-            self.missing.append("network: sockets can reach the network")
+        if "network" not in self.namespaces:
+            self.missing.append(
+                "network: no network namespace; the filter denies socket() (socketpair(AF_UNIX) only)"
+                if self.filter
+                else "network: UDP and Unix sockets can reach the host (Landlock denies TCP)"
+                if self.landlock >= 4
+                else "network: sockets can reach the network"
+            )
         if self.root:
             self.missing.append(
                 "processes: no PID namespace; each execution runs as a uid of its own (%d + a random offset below "

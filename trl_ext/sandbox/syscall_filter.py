@@ -1,21 +1,21 @@
 """The system-call filter of every snippet process, compiled here (in the host) with libseccomp.
 
 The fork server runs on an interpreter that may lack this project's dependencies, so it receives the compiled BPF
-program as bytes and only installs it. It is installed once, in the zygote, and every snippet process inherits it
-(a filter of its own per process would cost each execution ~0.1 ms of CPU to attach and free). Denied, with EPERM
-(an ordinary `OSError` for the snippet): what needs no privilege and reaches kernel state beyond the snippet's own
+program as bytes and only installs it. It is installed once, in the zygote, and every snippet process inherits it (a
+filter of its own per process would cost each execution ~0.1 ms of CPU to attach and free). Denied, with EPERM (an
+ordinary `OSError` for the snippet): what needs no privilege and reaches kernel state beyond the snippet's own
 process and limits. New user namespaces (in one, a snippet would hold every capability again and could mount a tmpfs
-of any size), and every other new namespace but the four the zygote makes for each child; every keyring call (the
-zygote joins the children's fresh session keyring before it installs the filter: a snippet that could join more
-would use up its uid's key quota for the next one); `memfd_create` and System V / POSIX IPC (memory outside
-`RLIMIT_AS`); `ptrace`, `process_vm_*` and the other calls that reach other processes; `bpf`, `perf_event_open`,
-`userfaultfd`, `io_uring_*`; the mount calls the zygote does not need; what reads or evicts the host's page cache
-(a register that outlives executions: `fadvise` with DONTNEED, `preadv2`/`pwritev2` with RWF_NOWAIT, `readahead`,
-`mincore`, `cachestat`); sockets of any family but Unix, IPv4 and IPv6 (AF_VSOCK reaches the hypervisor's host,
-which no network namespace covers), and in the mode without a network namespace every `socket()` (only
-`socketpair(AF_UNIX)` stays). `mount`, `setns` and `unshare` of the zygote's namespaces are left to the kernel's
-capability check: they need CAP_SYS_ADMIN, which a snippet never has (uid 65534, or all capabilities dropped, with
-`no_new_privs`) and, without a new user namespace, cannot get.
+of any size), and every other new namespace but those the zygote and the child make (mount, PID, IPC, network);
+every keyring call (the zygote joins the children's fresh session keyring before it installs the filter: a snippet
+that could join more would use up its uid's key quota for the next one); `memfd_create` and System V / POSIX IPC
+(memory outside `RLIMIT_AS`); `ptrace`, `process_vm_*` and the other calls that reach other processes; `bpf`,
+`perf_event_open`, `userfaultfd`, `io_uring_*`; the mount calls the zygote does not need; what reads or evicts the
+host's page cache (a register that outlives executions: `fadvise` with DONTNEED, `preadv2`/`pwritev2` with
+RWF_NOWAIT, `readahead`, `mincore`, `cachestat`); sockets of any family but Unix, IPv4 and IPv6 (AF_VSOCK reaches
+the hypervisor's host, which no network namespace covers), and in the mode without a network namespace every
+`socket()` (only `socketpair(AF_UNIX)` stays). `mount`, `setns` and `unshare` of those namespaces are left to
+the kernel's capability check: they need CAP_SYS_ADMIN, which a snippet never has (uid 65534, or all capabilities
+dropped, with `no_new_privs`) and, without a new user namespace, cannot get.
 """
 
 from __future__ import annotations
