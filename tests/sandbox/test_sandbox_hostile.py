@@ -38,11 +38,15 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox nee
 
 
 def kernel_allows_namespaces() -> bool:
-    """An oracle independent of the sandbox: can util-linux's unshare(1) create the namespaces here? (Not in a
-    container without CAP_SYS_ADMIN, for example.) Where it can, the sandbox must use them."""
-    cmd = ["unshare", "--net", "--mount", "--pid", "--ipc", "--fork"] + ([] if ROOT else ["--map-root-user"])
+    """An oracle independent of the sandbox: can util-linux's unshare(1) create the namespaces here, directly or
+    (not root, or root without CAP_SYS_ADMIN as in a default container) in a new user namespace? Where it can, the
+    sandbox must use them."""
+    cmd = ["unshare", "--net", "--mount", "--pid", "--ipc", "--fork"]
     try:
-        return subprocess.run([*cmd, "true"], capture_output=True, timeout=30).returncode == 0
+        return any(
+            subprocess.run([*cmd, *user, "true"], capture_output=True, timeout=30).returncode == 0
+            for user in ([[], ["--user", "--map-root-user"]] if ROOT else [["--user", "--map-root-user"]])
+        )
     except FileNotFoundError:
         return True
 
