@@ -423,6 +423,16 @@ def signal_scope_filter(pid, numbers):
     return program
 
 
+def ids_mapped(first, count):
+    """Whether uids and gids first..first+count-1 exist here (in a container's user namespace only some do)."""
+    for name in ("uid_map", "gid_map"):
+        with open("/proc/self/" + name) as f:
+            ranges = [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+        if not any(inside <= first and first + count <= inside + n for inside, _, n in ranges):
+            return False
+    return True
+
+
 class Server:
     def __init__(self, config):
         self.root = os.getuid() == 0
@@ -473,12 +483,13 @@ class Server:
         """Without namespaces a snippet runs next to the host's processes: as the caller's uid when not root (it
         could read their memory and environment, /proc/<pid>/mem and environ, and write into another fork server's
         pipes). Opted in, it gets what works without namespaces: the host and the servers not dumpable (no /proc
-        access, no ptrace by the same uid), Landlock, as root a uid of its own per execution, and with the filter no
-        socket() at all and, not root, a second filter per child that lets it signal only itself."""
+        access, no ptrace by the same uid), Landlock, as root a uid of its own per execution (where that range of uids
+        exists), and with the filter no socket() at all and, otherwise, a second filter per child that lets it
+        signal only itself."""
         prctl(PR_SET_DUMPABLE, 0)
         self.landlock = landlock_abi()
         uid = self.config["uid"]
-        if self.root:
+        if self.root and ids_mapped(*SNIPPET_UIDS):
             self.snippet_uids = SNIPPET_UIDS
         else:  # a second filter per child, with its own pid (Landlock ABI 6 scopes signals too, where there)
             self.scope_signals = self.filter is not None
@@ -508,7 +519,7 @@ class Server:
                 if self.landlock >= 4
                 else "network: sockets can reach the network"
             )
-        if self.root:
+        if self.snippet_uids:
             self.missing.append(
                 "processes: no PID namespace; each execution runs as a uid of its own (%d + a random offset below "
                 "%d), so it can signal no other process" % SNIPPET_UIDS
@@ -519,7 +530,9 @@ class Server:
                 % ("the filter" if self.scope_signals else "Landlock")
             )
         else:
-            self.missing.append("processes: snippets see and may signal the other processes of uid %d" % uid)
+            self.missing.append(
+                "processes: snippets see and may signal the other processes of uid %d" % (NOBODY if self.root else uid)
+            )
 
     def describe(self):
         if self.refused:
