@@ -2,27 +2,31 @@
 server text from git, `--baseline-ref`) and a cold interpreter per snippet, in the same run.
 
     python benchmarks/sandbox_bench.py [--rounds 5] [--sandbox-n 300] [--cold-n 40] [--baseline-ref 160e146]
+    python benchmarks/sandbox_bench.py --baseline-tree /path/to/other/checkout --results-name sandbox_vs_main
 
 Two programs: a trivial one (`result = 1`) and a typical Absolute Zero program (a small function with a loop and a
 dict, called once). Each runs sequentially and with 2 workers, (a) in the sandbox (fork server and zygote, one fresh
 isolated child per snippet), (b) in the baseline sandbox (the fork server of `--baseline-ref`, driven by today's
 host side: the design before issue 21, whose children were forked from the server itself, without a system-call
-filter), and (c) as a cold `python -I -c` process per snippet (no isolation at all). Rounds are interleaved so that
+filter; or, with `--baseline-tree`, the whole sandbox package of another checkout, host side included), and (c) as a
+cold `python -I -c` process per snippet (no isolation at all). Rounds are interleaved so that
 load changes on a shared machine hit every configuration alike; the median and the minimum over rounds are
 reported, with the load average. Also: the sandbox's overhead per execution (sequential wall time per snippet minus
 the time the same code takes with `exec` in this process), the fork server's own measure of each execution, and the
 CPU time the servers and their children spend per execution, which bounds throughput on an idle core.
 
-Results: benchmarks/results/sandbox_throughput.json and .png.
+Results: benchmarks/results/sandbox_throughput.json and .png (`--results-name` for another name).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +85,19 @@ def baseline_source(ref: str, directory: str) -> Path:
     return path
 
 
+def baseline_tree_pool(tree: str) -> SandboxPool:
+    """A pool of the sandbox package of another checkout (its host side, filter and fork server), imported under
+    another name next to this one."""
+    package = Path(tree).resolve() / "trl_ext" / "sandbox"
+    spec = importlib.util.spec_from_file_location(
+        "baseline_sandbox", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_sandbox"] = module
+    spec.loader.exec_module(module)
+    return module.SandboxPool()
+
+
 def sandbox_rate(pool: SandboxPool, code: str, n: int, workers: int) -> tuple[float, list[float]]:
     start = time.perf_counter()
     results = pool.run_many([code] * n, "result", Limits(), workers)
@@ -136,11 +153,20 @@ def main():
         default="160e146",
         help="git revision whose trl_ext/sandbox/forkserver.py is the baseline design",
     )
+    parser.add_argument(
+        "--baseline-tree", help="a checkout whose whole trl_ext/sandbox package is the baseline (instead of a ref)"
+    )
+    parser.add_argument("--results-name", default="sandbox_throughput", help="results file name, without suffix")
     args = parser.parse_args()
 
     interpreter = sandbox_interpreter()
     tmp = tempfile.TemporaryDirectory()
-    pools = {"sandbox": SandboxPool(), "baseline": BaselinePool(baseline_source(args.baseline_ref, tmp.name))}
+    baseline = (
+        baseline_tree_pool(args.baseline_tree)
+        if args.baseline_tree
+        else BaselinePool(baseline_source(args.baseline_ref, tmp.name))
+    )
+    pools = {"sandbox": SandboxPool(), "baseline": baseline}
     info = pools["sandbox"].info()
     for pool in pools.values():
         pool.run_many(["result = 0"] * 8, "result", Limits(), 2)  # start both servers of each (warm-up)
@@ -206,8 +232,8 @@ def main():
         "server_cpu_s_per_exec": cpu_per_exec,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sandbox_throughput.json").write_text(json.dumps(payload, indent=2))
-    plot(summary, RESULTS / "sandbox_throughput.png", load_before)
+    (RESULTS / f"{args.results_name}.json").write_text(json.dumps(payload, indent=2))
+    plot(summary, RESULTS / f"{args.results_name}.png", load_before)
 
 
 def plot(summary: dict, path: Path, load: tuple):

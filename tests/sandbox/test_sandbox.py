@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -303,24 +304,33 @@ def test_isolation_report():
         assert pids == ["1"] and cwd == "/tmp"
 
 
-def test_without_libseccomp_the_report_says_so(monkeypatch):
-    # libseccomp.so.2 missing (or too old): snippets still run, and isolation() and a warning say what is missing.
+def test_without_libseccomp_no_run_unless_opted_in(monkeypatch):
+    # libseccomp.so.2 missing (or too old): refused, unless opted in; then isolation() and a warning name every layer
+    # the filter would have held, and the session keyring is replaced all the same (keyctl's number from a table).
     import trl_ext.sandbox.pool as pool_module
+    import trl_ext.sandbox.syscall_filter as filter_module
 
     monkeypatch.setattr(
-        pool_module,
-        "server_config",
-        lambda: {"filter": None, "filter_missing": "no system-call filter: libseccomp unavailable (test)"},
+        filter_module, "compile_filter", lambda: (None, {}, "no system-call filter: libseccomp (test)")
     )
-    pool = SandboxPool()
+    monkeypatch.setattr(pool_module, "compile_filter", filter_module.compile_filter)
+    pool_module.server_config.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match="libseccomp unavailable"):
-            info = pool.info()
-        assert "no system-call filter: libseccomp unavailable (test)" in info["missing"]
-        assert "seccomp" not in info["privileges"]
-        assert pool.run("result = 1", "result", Limits()).value == 1
+        with pytest.raises(RuntimeError, match="libseccomp \\(test\\)") as refused:
+            SandboxPool(allow_unisolated=False).info()
+        assert "TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1" in str(refused.value)
+        pool = SandboxPool(allow_unisolated=True)
+        try:
+            with pytest.warns(RuntimeWarning, match="libseccomp \\(test\\)"):
+                info = pool.info()
+            (line,) = [m for m in info["missing"] if "libseccomp (test)" in m]
+            assert all(layer in line for layer in ("user namespaces", "keyrings", "memfd", "page-cache", "AF_VSOCK"))
+            assert "seccomp" not in info["privileges"] and "a new session keyring" in info["privileges"]
+            assert pool.run("result = 1", "result", Limits()).value == 1
+        finally:
+            pool.close()
     finally:
-        pool.close()
+        pool_module.server_config.cache_clear()
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="the interpreter check matters when the sandbox drops to uid 65534")
@@ -427,7 +437,17 @@ def test_not_root_user_namespaces_or_a_refusal(package_for_nobody, home_of_nobod
     assert info["missing"] == []
 
 
-@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root and util-linux unshare")
+def can_make_a_mount_namespace() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or not can_make_a_mount_namespace(),
+    reason="sets up a chroot: needs root with CAP_SYS_ADMIN and util-linux unshare",
+)
 def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobody):
     """Where user namespaces are refused (here: inside a chroot, where the kernel refuses them) the sandbox refuses
     to run unless the caller opts in. Opted in, snippets still cannot read the host's environment (API keys) or
@@ -472,6 +492,56 @@ def test_no_namespaces_is_refused_unless_opted_in_then_hardened(package_for_nobo
     assert environ and mem and pipe and outside  # PermissionError: not dumpable, Landlock
     assert "BlockingIOError" in fork and cpu.startswith("timeout")  # wall clock or CPU rlimit
     assert ok is None  # its own directory stays writable
+
+
+def test_signal_scope_filter_lets_a_snippet_signal_only_itself():
+    # Not root without a PID namespace, snippets share the caller's uid: where Landlock cannot scope signals (ABI < 6)
+    # a second filter, built per child with its pid, does. Checked here on its own, in a forked process.
+    import pyseccomp
+
+    from trl_ext.sandbox.syscall_filter import SIGNAL_CALLS
+
+    server = {"__name__": "forkserver"}
+    exec(compile((REPO / "trl_ext" / "sandbox" / "forkserver.py").read_text(), "forkserver.py", "exec"), server)
+    numbers = {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in SIGNAL_CALLS}
+    other = subprocess.Popen(["sleep", "60"])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports through the pipe
+        outcome = []
+        try:
+            os.setsid()  # as a snippet's process: it leads its own group
+            server["prctl"](server["PR_SET_NO_NEW_PRIVS"], 1)
+            server["SyscallFilter"](server["signal_scope_filter"](os.getpid(), numbers), None).install()
+            for target in (other.pid, -1, -other.pid, os.getpid(), 0, -os.getpid()):
+                try:
+                    os.kill(target, 0)
+                    outcome.append("sent")
+                except OSError as exc:
+                    outcome.append(exc.errno)
+            signal.pthread_kill(threading.get_ident(), 0)  # tgkill to itself
+            for call in (
+                lambda: os.pidfd_open(other.pid),
+                lambda: signal.pidfd_send_signal(os.pidfd_open(os.getpid()), 0),
+            ):
+                try:
+                    call()
+                    outcome.append("done")
+                except OSError as exc:
+                    outcome.append(exc.errno)
+        except BaseException as exc:
+            outcome.append(repr(exc))
+        os.write(write, json.dumps(outcome).encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        outcome = json.loads(os.read(read, 4096))
+    finally:
+        os.waitpid(pid, 0)
+        other.kill()
+        other.wait()
+    eperm = 1
+    assert outcome == [eperm, eperm, eperm, "sent", "sent", "sent", eperm, eperm], outcome
 
 
 @pytest.mark.parametrize(

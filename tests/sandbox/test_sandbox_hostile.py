@@ -38,11 +38,15 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox nee
 
 
 def kernel_allows_namespaces() -> bool:
-    """An oracle independent of the sandbox: can util-linux's unshare(1) create the namespaces here? (Not in a
-    container without CAP_SYS_ADMIN, for example.) Where it can, the sandbox must use them."""
-    cmd = ["unshare", "--net", "--mount", "--pid", "--ipc", "--fork"] + ([] if ROOT else ["--map-root-user"])
+    """An oracle independent of the sandbox: can util-linux's unshare(1) create the namespaces here, directly or
+    (not root, or root without CAP_SYS_ADMIN as in a default container) in a new user namespace? Where it can, the
+    sandbox must use them."""
+    cmd = ["unshare", "--net", "--mount", "--pid", "--ipc", "--fork"]
     try:
-        return subprocess.run([*cmd, "true"], capture_output=True, timeout=30).returncode == 0
+        return any(
+            subprocess.run([*cmd, *user, "true"], capture_output=True, timeout=30).returncode == 0
+            for user in ([[], ["--user", "--map-root-user"]] if ROOT else [["--user", "--map-root-user"]])
+        )
     except FileNotFoundError:
         return True
 
@@ -458,6 +462,93 @@ def test_standard_library_behaves_as_without_the_filter(code):
     assert result.value == scope["result"]
 
 
+def test_joining_session_keyrings_cannot_use_up_the_uids_key_quota():
+    # Each anonymous join creates a keyring charged to the uid's key quota (200 keys for a non-root uid): 200 joins in
+    # one execution would leave the next one with none. Only the zygote joins (before its filter is installed).
+    keyctl = syscall_number("keyctl")
+    fails(
+        f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"joined = sum(libc.syscall({keyctl}, 1, None) >= 0 for _ in range(200))\n"
+        f"assert joined == 200, f'{{joined}} joins'",
+        "AssertionError: 0 joins",
+    )
+    fails(
+        f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"assert libc.syscall({keyctl}, 1, None) >= 0, 'join refused'",
+        "join refused",
+    )
+
+
+# -- the page cache: a register between executions ------------------------------------------------------------------
+def page_cached(path: Path) -> bool:
+    """Whether the first page of `path` is in the page cache (a read that must not wait for the disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_the_page_cache_is_not_a_register(sentinels):
+    # Evicting a page of any world-readable file (fadvise DONTNEED) writes a bit that a later execution, another
+    # pool or another server reads back (a read with RWF_NOWAIT fails on a page that is not cached): a program
+    # passes the two-run determinism check, then answers differently.
+    public = sentinels / "public.txt"
+    public.read_bytes()
+    try:
+        assert page_cached(public)
+    except OSError as exc:  # EOPNOTSUPP: this file system cannot read without waiting
+        pytest.skip(f"RWF_NOWAIT reads are not supported on the sentinels' file system ({exc})")
+    write = fails(
+        f"import os\nfd = os.open({str(public)!r}, os.O_RDONLY)\nos.pread(fd, 1, 0)\n"
+        f"os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)",
+        "PermissionError",
+    )
+    assert page_cached(public), write  # the bit was not written
+    fd = os.open(public, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the host clears the bit itself: can a snippet read it?
+    os.close(fd)
+    fails(
+        f"import os\nfd = os.open({str(public)!r}, os.O_RDONLY)\n"
+        f"try:\n    os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)\n    result = 'cached'\n"
+        f"except BlockingIOError:\n    result = 'evicted'",
+        "PermissionError",
+        result_var="result",
+    )
+
+
+def test_no_other_call_reads_or_evicts_the_page_cache(sentinels):
+    public = str(sentinels / "public.txt")
+    calls = {
+        "readahead": "ret = libc.syscall(nr, fd, ctypes.c_long(0), ctypes.c_size_t(4096))",
+        "mincore": "m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)\n"
+        "vec = ctypes.create_string_buffer(1)\n"
+        "ret = libc.syscall(nr, ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(m))), len(m), vec)",
+        "cachestat": "ret = libc.syscall(nr, fd, ctypes.create_string_buffer(16), ctypes.create_string_buffer(64), 0)",
+        "pwritev2": "out = os.open('own', os.O_WRONLY | os.O_CREAT)\n"
+        "ret = libc.syscall(nr, out, ctypes.create_string_buffer(16), 0, 0, 0, 8)",  # RWF_NOWAIT
+    }
+    for name, call in calls.items():
+        number = syscall_number(name) if name != "cachestat" else 451  # the same number on every architecture
+        fails(
+            f"import ctypes, mmap, os\nlibc = ctypes.CDLL(None, use_errno=True)\nnr = {number}\n"
+            f"fd = os.open({public!r}, os.O_RDONLY)\n{call}\n"
+            f"assert ret == -1 and ctypes.get_errno() == 1, '{name}: %d, errno %d' % (ret, ctypes.get_errno())\n"
+            f"raise PermissionError('{name} refused')",
+            f"PermissionError: {name} refused",
+        )
+    # Other advice stays allowed (what programs use posix_fadvise for).
+    result = execute(
+        f"import os\nfd = os.open({public!r}, os.O_RDONLY)\nos.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)\n"
+        f"os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)\nresult = os.preadv(fd, [bytearray(2)], 0)",
+        result_var="result",
+    )
+    assert result.ok and result.value == 2, result
+
+
 # -- network ------------------------------------------------------------------------------------------------------
 @needs_namespaces
 def test_tcp_to_local_listener(listeners):
@@ -495,6 +586,46 @@ def test_internet_and_dns():
 @needs_namespaces
 def test_ipv6_loopback():
     fails("import socket\ns = socket.socket(socket.AF_INET6)\ns.settimeout(1)\ns.connect(('::1', 22))", "OSError")
+
+
+def test_only_unix_and_ip_sockets():
+    # AF_VSOCK is not covered by a network namespace: in a VM (Firecracker, Kata, WSL2) it reaches the host side.
+    fails("import socket\nsocket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)", "[Errno 97]")
+    fails("import socket\nsocket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 15)", "[Errno 97]")  # kernel uevents
+    fails("import socket\nsocket.socketpair(socket.AF_VSOCK)", "[Errno 97]")
+    # The family is an int: high bits set in the register must not pass the filter (the kernel ignores them).
+    fails(
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"fd = libc.syscall({syscall_number('socket')}, ctypes.c_long((1 << 32) | 40), 1, 0)\n"
+        "assert fd >= 0, 'vsock refused'",
+        "vsock refused",
+    )
+    result = execute(
+        "import socket\nresult = [socket.socket(f, socket.SOCK_STREAM).family.name "
+        "for f in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)] + [len(socket.socketpair())]",
+        result_var="result",
+    )
+    assert result.ok and result.value == ["AF_UNIX", "AF_INET", "AF_INET6", 2], result
+
+
+@needs_namespaces
+def test_nothing_bound_outlives_its_snippet():
+    # An abstract Unix socket that sends itself over itself (SCM_RIGHTS) stays alive after its process ends, until the
+    # kernel's garbage collector finds the cycle: seconds, during which the next execution could reach it. Each child
+    # has a network namespace of its own, so the next one, on the same server at once, finds the name free.
+    name = f"\\0trl-ext-cycle-{uuid.uuid4().hex[:8]}"
+    bind = f"import array, socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ns.bind('{name}')\n"
+    cycle = (
+        bind + f"s.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [s.fileno()]))], 0, "
+        f"'{name}')\nresult = 'bound'"
+    )
+    pool = SandboxPool()
+    try:
+        assert pool.run(cycle, "result", Limits()).value == "bound"
+        result = pool.run(bind + "result = 'free'", "result", Limits())
+        assert result.ok and result.value == "free", result
+    finally:
+        pool.close()
 
 
 # -- files ------------------------------------------------------------------------------------------------------

@@ -6,21 +6,25 @@
 Each snippet runs in its own freshly forked child of a zygote (a process of the fork server, a separate interpreter
 that loads only the standard library, which has never held any request or result), with, as root:
 
-- new mount, PID, IPC and network namespaces: every file system read-only (nosuid), a private empty tmpfs on `/tmp`
-  as the working directory, a fresh `/proc` showing only the snippet, no network interface that is up;
+- new mount, PID and network namespaces (and the fork server's IPC namespace): every file system read-only (nosuid),
+  a private empty tmpfs on `/tmp` as the working directory, a fresh `/proc` showing only the snippet, no network
+  interface that is up (a network namespace of its own, so nothing it bound is left for the next snippet);
 - rlimits: address space (`memory_mb`), CPU seconds (`ceil(timeout_s)`), file size, open files, processes 0, no
   core dumps; then the uid/gid drop to 65534 (nobody; `RLIMIT_NPROC` does not bind root), `no_new_privs`, a new
-  session keyring, and a seccomp filter (no new user namespaces, keyrings, memfd, shared memory, ptrace, bpf, ...);
+  session keyring, and a seccomp filter (no new user namespaces, keyrings, memfd, shared memory, ptrace, bpf, page
+  cache eviction or probing, socket families other than Unix and IP, ...);
 - a wall-clock timeout that kills the child, which as PID 1 of its namespace takes anything it started with it;
   capped output; the value of `result_var` sent back as `repr()` text on a private pipe and read with
   `ast.literal_eval` (never unpickled), only within `max_value_bytes` characters.
 
-Not root: the fork server enters a user namespace (where the kernel allows unprivileged ones) to get the same
-namespaces, and the child keeps the caller's uid but drops all capabilities; the caller's home directory is hidden.
-Where user namespaces are refused, the sandbox refuses to run unless the caller opts in
-(`TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1` or `SandboxPool(allow_unisolated=True)`), and then adds what works
-unprivileged (Landlock, the filter, non-dumpable host and servers); a `RuntimeWarning` names what is not isolated.
-`isolation()` reports what is in effect; docs/design.md#threat-model what each mode isolates.
+Root without CAP_SYS_ADMIN (a container's default root): the fork server enters a user namespace mapping root and
+65534, and gets the same namespaces. Not root: the fork server enters a user namespace (where the kernel allows
+unprivileged ones) to get the same namespaces, and the child keeps the caller's uid but drops all capabilities; the
+caller's home directory is hidden. Where no user namespace can be had, or libseccomp is missing, the sandbox refuses
+to run unless the caller opts in (`TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1` or `SandboxPool(allow_unisolated=True)`), and
+then adds what works without (Landlock, the filter with no `socket()`, as root a uid of its own per execution,
+non-dumpable host and servers); a `RuntimeWarning` names what is not isolated. `isolation()` reports what is in
+effect; docs/design.md#threat-model what each mode isolates.
 
 The interpreter must be readable by uid 65534 when root: see `trl_ext.sandbox.interpreter` (a pyenv or virtualenv
 under `/root` is not; the system `python3` or `TRL_EXT_SANDBOX_PYTHON` is used instead).
@@ -85,8 +89,9 @@ def execute_many(
 
 
 def isolation() -> dict:
-    """What is in effect for the next execution: `mode` ("root", "user namespace" or "unisolated (opted in)"),
-    `namespaces`, `uid` the snippets run as, `privileges`, `rlimits`, `missing` (what could not be isolated here,
+    """What is in effect for the next execution: `mode` ("root", "root (user namespace)", "user namespace" or
+    "unisolated (opted in)"), `namespaces`, `uid` the snippets run as (a text naming the range where each execution
+    gets its own), `privileges`, `rlimits`, `missing` (what could not be isolated here,
     empty when fully isolated), `memory` (what bounds a snippet's memory), `interpreter` and its `python` version.
     Raises RuntimeError where the sandbox refuses to run (see the module's docstring)."""
     return default_pool().info()

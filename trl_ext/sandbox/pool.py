@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .interpreter import sandbox_interpreter
 from .result import ExecutionResult
-from .syscall_filter import compile_filter
+from .syscall_filter import compile_filter, keyctl_number
 
 
 SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
@@ -34,7 +34,8 @@ SERVER_SOURCE = Path(__file__).with_name("forkserver.py")
 # because `-I` ignores PYTHONHASHSEED: a fixed hash seed makes the iteration order of sets of strings the same in
 # every worker, on every rank and across restarts, so an execution's value does not depend on where it ran.
 SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
-# Opting in to the mode without namespaces (non-root where user namespaces are refused).
+# Opting in to running with a layer missing: no namespaces (user namespaces refused, root without CAP_SYS_ADMIN
+# where they are), or no system-call filter (libseccomp missing).
 ALLOW_ENV = "TRL_EXT_SANDBOX_ALLOW_UNISOLATED"
 PR_SET_DUMPABLE = 4
 # Seconds the host waits beyond a snippet's own timeout before it declares its server hung and replaces it.
@@ -87,12 +88,15 @@ class ForkServer:
         if "refused" in self.info:
             self.close()
             raise RuntimeError(
-                f"The sandbox cannot isolate snippets here: {self.info['refused']}, so they would run as your uid "
-                f"next to your processes (able to read their memory and environment, API keys included). Run as "
-                f"root or where unprivileged user namespaces are allowed (Docker's default profile and recent "
-                f"Ubuntu refuse them), or accept this explicitly with {ALLOW_ENV}=1 or "
-                f"SandboxPool(allow_unisolated=True): snippets then run with rlimits, the system-call filter, "
-                f"Landlock where the kernel has it, and this process not dumpable."
+                f"The sandbox cannot isolate snippets here: {self.info['refused']}. Without namespaces snippets run "
+                f"next to your processes (as your uid when not root: able to read their memory and environment, API "
+                f"keys included) and reach the host's network; without the filter they reach the kernel state it "
+                f"guards. Run as root with CAP_SYS_ADMIN, or where user namespaces are allowed (Docker's default "
+                f"profile and recent Ubuntu refuse them), with libseccomp installed (`pip install pyseccomp` and the "
+                f"system's libseccomp2), or accept this explicitly with {ALLOW_ENV}=1 or "
+                f"SandboxPool(allow_unisolated=True): snippets then run with rlimits, the system-call filter where "
+                f"there is one, Landlock where the kernel has it, as root a uid of their own per execution, and this "
+                f"process not dumpable; isolation()['missing'] names what is missing."
             )
         if self.info.get("mode") == "unisolated (opted in)":  # (a server of an older design has no mode)
             make_undumpable()
@@ -153,10 +157,15 @@ def allow_unisolated_from_env() -> bool:
 
 @functools.cache
 def server_config() -> dict:
-    """What the fork servers get from the host on their command line: the compiled system-call filter and the
-    numbers of the calls they make without a C library wrapper."""
-    program, numbers, missing = compile_filter()
-    return {"filter": program.hex() if program else None, "filter_missing": missing, **numbers}
+    """What the fork servers get from the host on their command line: the compiled system-call filters (with and
+    without a network namespace) and the numbers of the calls they make without a C library wrapper."""
+    programs, numbers, missing = compile_filter()
+    return {
+        "filters": {mode: program.hex() for mode, program in programs.items()} if programs else None,
+        "filter_missing": missing,
+        "keyctl": keyctl_number(),
+        **numbers,
+    }
 
 
 def to_result(reply: dict, result_var: str | None, limits: Limits) -> ExecutionResult:
@@ -183,8 +192,8 @@ class SandboxPool:
     """Idle fork servers, started on demand and reused; thread-safe."""
 
     def __init__(self, interpreter: str | None = None, allow_unisolated: bool | None = None):
-        """`allow_unisolated`: run snippets even where no namespace can be created (see `ForkServer`); default: the
-        environment variable TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1."""
+        """`allow_unisolated`: run snippets even where no namespace can be created or no filter built (see
+        `ForkServer`); default: the environment variable TRL_EXT_SANDBOX_ALLOW_UNISOLATED=1."""
         self.interpreter = interpreter
         self.allow_unisolated = allow_unisolated_from_env() if allow_unisolated is None else allow_unisolated
         self.pid = os.getpid()
