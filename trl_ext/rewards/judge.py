@@ -39,6 +39,7 @@ from .parsing import completion_text
 # off one at a time by `parse_judge_score`, so a line is read in linear time.
 _NUMBER = re.compile(r"[01](?:\.[0-9]+)?|\.[0-9]+")
 _MAX_REPLY_CHARS = 2_000
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # TRL's own keyword arguments to reward functions: not per-row columns.
 _NOT_COLUMNS = {"trainer_state", "log_extra", "log_metric", "completion_ids"}
 
@@ -59,7 +60,9 @@ def parse_judge_score(reply: Any) -> float | None:
     """
     if not isinstance(reply, str) or len(reply) > _MAX_REPLY_CHARS:
         return None
-    lines = [line.strip() for line in reply.strip().splitlines() if line.strip()]
+    # Lines end at \n, \r or \r\n only: `str.splitlines` also breaks at U+2028, U+0085, form feeds and other
+    # separators, so a reply "0<U+2028>1" (one line, not a score) would read as 1.0.
+    lines = [line.strip() for line in _LINE_BREAK.split(reply) if line.strip()]
     if not lines:
         return None
     line = _strip_prefix(lines[-1], "score")
