@@ -31,6 +31,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..core.model_text import neutralize_special_tokens
 from .parsing import completion_text
 
 
@@ -143,14 +144,13 @@ def _capped_transport():
 
 def default_render(rubric: str = DEFAULT_RUBRIC) -> RenderFn:
     """Judge messages for a prompt and a completion: the rubric as the system message, then the task (the prompt's
-    last message) and the response (the completion's text)."""
+    last message) and the response (the completion's text), with their special-token strings made plain text (the
+    endpoint's chat template would read a `<|im_end|>` in the response as the end of the judge's user turn)."""
 
     def render(prompt: Any, completion: Any, row: Mapping[str, Any]) -> Messages:
         task = completion_text(prompt[-1:] if isinstance(prompt, list) else prompt)
-        return [
-            {"role": "system", "content": rubric},
-            {"role": "user", "content": f"Task:\n{task}\n\nResponse:\n{completion_text(completion)}"},
-        ]
+        content = f"Task:\n{task}\n\nResponse:\n{completion_text(completion)}"
+        return [{"role": "system", "content": rubric}, {"role": "user", "content": neutralize_special_tokens(content)}]
 
     return render
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from ...core.model_text import neutralize_special_tokens
 from ...rewards.parsing import completion_text
 from ..base import TaskFamily, TaskState
 from . import prompts
@@ -114,9 +115,13 @@ class CodeTaskState(TaskState):
         if task_type == "induction":
             program = rng.choice(self.triplets)["program"]
             content = prompts.PROPOSE_INPUTS.format(num_inputs=self.num_inputs, program=program)
-            return [{"role": "user", "content": content}], {"task_type": task_type, "program": program}
+            return [{"role": "user", "content": neutralize_special_tokens(content)}], {
+                "task_type": task_type,
+                "program": program,
+            }
         references = rng.sample(self.triplets, min(self.num_references, len(self.triplets)))
-        content = prompts.propose_triplet(task_type, references)
+        # The buffer's programs, inputs and outputs are model-written: their special-token strings become plain text.
+        content = neutralize_special_tokens(prompts.propose_triplet(task_type, references))
         return [{"role": "user", "content": content}], {"task_type": task_type}
 
     def validate(self, questions: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
@@ -252,7 +257,8 @@ def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> list[dict[st
         content = prompts.SOLVE_INDUCTION.format(
             pairs=prompts.pairs_text(question["visible"]), message=question["message"]
         )
-    return [{"role": "user", "content": content}]
+    # Programs, inputs, outputs and the hint are model-written: their special-token strings become plain text.
+    return [{"role": "user", "content": neutralize_special_tokens(content)}]
 
 
 def _column(kwargs, name, n):
