@@ -8,8 +8,9 @@ tokens inside text by default). A model could so close its turn early and write 
 tokenized as the plain characters it shows.
 
 The strings covered are those of the common chat formats: anything shaped `<|...|>` (ChatML as in Qwen and SmolLM,
-Llama 3, Phi) or `<｜...｜>` (DeepSeek), Gemma's `<start_of_turn>`/`<end_of_turn>`, Llama 2 and Mistral's `<s>`,
-`</s>`, `[INST]`, `[/INST]`, `<<SYS>>`, `<</SYS>>`, and `<bos>`, `<eos>`, `<pad>`, `<unk>`; pass a tokenizer's own
+Llama 3, Phi, Granite, Command R) or `<｜...｜>` (DeepSeek), Gemma's `<start_of_turn>`/`<end_of_turn>`, Llama 2's
+and Mistral's `<s>`, `</s>`, `[INST]`, `[/INST]`, `<<SYS>>`, `<</SYS>>` and `[SYSTEM_PROMPT]`, `[TOOL_CALLS]` and
+their kin, GLM's `[gMASK]`, `<sop>`, `<eop>`, and `<bos>`, `<eos>`, `<pad>`, `<unk>`; pass a tokenizer's own
 (`tokenizer.all_special_tokens`) as `extra` for any other.
 """
 
@@ -23,7 +24,8 @@ ZERO_WIDTH_SPACE = "\u200b"
 _SPECIAL = re.compile(
     r"<\|[^<>|\s]{0,64}\|>"
     r"|<｜[^<>｜\s]{0,64}｜>"
-    r"|<(?:start|end)_of_turn>|</?s>|\[/?INST\]|<</?SYS>>|<(?:bos|eos|pad|unk)>",
+    r"|<(?:start|end)_of_turn>|</?s>|<</?SYS>>|<(?:bos|eos|pad|unk|sop|eop)>|\[gMASK\]"
+    r"|\[/?(?:INST|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_CALLS|TOOL_RESULTS|TOOL_CONTENT)\]",
     re.IGNORECASE,
 )
 
