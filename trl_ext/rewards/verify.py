@@ -75,8 +75,9 @@ class _Worker:
             self.kill()  # no orphan, whatever went wrong
             raise
 
-    def read_result(self, timeout_s: float) -> bool | None:
-        """The next `true`/`false`/`null` line; raises `_WorkerFailed` (after killing the worker) if none comes in time."""
+    def read_result(self, timeout_s: float) -> bool | str | None:
+        """The next reply (`true`, `false`, `null` or `"timeout"`, see `_verify_worker.py`); raises `_WorkerFailed`
+        (after killing the worker) if none comes in time."""
         deadline = time.monotonic() + timeout_s
         stdout = self.process.stdout.fileno()
         while b"\n" not in self._buffer:
