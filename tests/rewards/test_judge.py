@@ -144,6 +144,16 @@ def run(judge, completions, **kwargs):
         (3, None),
         ("NaN", None),
         ("inf", None),
+        ("0.8\r\n\r\n1\r\n", 1.0),
+        ("no\r0.5", 0.5),
+        # Fails on main (issue 35, item 9): these are one line (only \n and \r end a line), not a last line "1".
+        ("0\u20281", None),
+        ("0\u20291", None),
+        ("0\x851", None),
+        ("0\x0c1", None),
+        ("0\x0b1", None),
+        ("0\x1c1", None),
+        ("Score: 0\x1e1", None),
     ],
 )
 def test_parse_judge_score(reply, score):

@@ -483,34 +483,72 @@ def test_verify_answers_batch(monkeypatch):
 
 
 def test_hostile_answers_share_one_batch_deadline(monkeypatch):
-    # Each of these runs until its own per-pair budget (0.8 s here): 24 in a row would take 19 s; the batch stops at
-    # its 2 s deadline (the bound on the time is generous for a loaded machine). Pairs reached after it keep their
-    # exact-match verdict and are counted.
+    # Each of these runs past the first round's budget (0.2 s here): 24 in a row would take 5 s; the batch stops at
+    # its 2 s deadline (the bound on the time is generous for a loaded machine). The cheap pairs are decided first,
+    # whatever their place in the batch; pairs reached after the deadline are not verified (None) and counted.
     monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(verify_module, "VERIFY_QUICK_S", 0.2)
     monkeypatch.setattr(verify_module, "VERIFY_BATCH_TIMEOUT_S", 2.0)
     verify_answer("1/2", "0.5")  # a started worker
     pid = verify_module._worker.process.pid
-    hostile = [("\\log(5+e)", "1000000"), ("10", "\\sin(128x)"), ("7", "\\sin(x+1)^{60}"), ("42", "(x+y+z+w)^{60}")]
-    pairs = [("1/2", "0.5"), *hostile * 6, ("3", "3"), ("1/4", "0.25")]
+    hostile = [
+        pair
+        for i in range(6)
+        for pair in (
+            (f"\\log({5 + i}+e)", "1000000"),
+            (f"{10 + i}", "\\sin(128x)"),
+            (f"{7 + i}", "\\sin(x+1)^{60}"),
+            (f"{42 + i}", "(x+y+z+w)^{60}"),
+        )
+    ]
+    pairs = [("1/2", "0.5"), *hostile, ("3", "3"), ("1/4", "0.25")]
     start = time.perf_counter()
     verdicts, unverified = verify_answers_counted(pairs)
     elapsed = time.perf_counter() - start
-    assert verdicts[0] is True and verdicts[-2] is True  # math_verify in time; exact match needs none
-    assert verdicts[1:-2] == [False] * 24 and verdicts[-1] is False  # the last one had no time left
-    assert 22 <= unverified <= 25  # at most three hostile pairs fit in 2 s, the rest (and "1/4") do not
+    assert verdicts[0] is True and verdicts[-2:] == [True, True]  # the last one too: cheap pairs go first
+    assert set(verdicts[1:-2]) == {None} and unverified == 24  # no hostile pair got its whole budget
     assert elapsed < 2.0 + 6.0
     assert verify_module._worker.process.pid == pid  # skipping needs no kill
     assert verify_answer("1/4", "0.25") is True  # the next batch has its own deadline
 
     logged = []
-    _call(
+    rewards = _call(
         accuracy_reward,
-        [f"<answer>{p}</answer>" for _, p in hostile * 2],
-        solution=[g for g, _ in hostile * 2],
+        [f"<answer>{p}</answer>" for _, p in hostile[:8]],
+        solution=[g for g, _ in hostile[:8]],
         log_metric=lambda name, value: logged.append((name, value)),
     )
     (rate,) = [value for name, value in logged if name == "accuracy/unverified_rate"]
-    assert 0.5 <= rate < 1.0
+    assert rate == rewards.count(None) / 8 and rate >= 0.5  # at most 3 whole budgets fit after the first round
+    assert set(rewards) <= {0.0, None}
+
+
+@pytest.mark.parametrize("distinct", [False, True], ids=["same-hostile-answer", "distinct-hostile-answers"])
+def test_hostile_answers_do_not_starve_correct_ones(monkeypatch, distinct):
+    # Fails on main (issue 35, item 7): three `9**9**9**9` answers ahead of two correct `0.5` answers spent the
+    # batch's deadline one whole budget after another, and the correct ones scored 0.0 (exact match), but 1.0 when
+    # the batch came in another order. Now cheap pairs go first and the verdicts do not depend on the order.
+    monkeypatch.setattr(verify_module, "VERIFY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(verify_module, "VERIFY_QUICK_S", 0.2, raising=False)  # new in issue 35
+    monkeypatch.setattr(verify_module, "VERIFY_BATCH_TIMEOUT_S", 2.0)
+    verify_answer("1/2", "0.5")  # a started worker
+    hostile = ["9**9**9**9", "9**9**9**8", "8**9**9**9"] if distinct else ["9**9**9**9"] * 3
+    answers = hostile + ["0.5", "0.5"]
+    gold = "\\frac{1}{2}"
+    for order in ([0, 1, 2, 3, 4], [3, 4, 0, 1, 2], [0, 3, 1, 4, 2]):
+        logged = {}
+        rewards = _call(
+            accuracy_reward,
+            [f"<answer>{answers[i]}</answer>" for i in order],
+            solution=[gold] * 5,
+            log_metric=logged.__setitem__,
+        )
+        by_answer = {i: reward for i, reward in zip(order, rewards)}
+        assert by_answer[3] == by_answer[4] == 1.0
+        assert {by_answer[i] for i in range(3)} <= {0.0, None}
+        if not distinct:  # one distinct hostile pair: a short and a whole budget fit in the deadline
+            assert [by_answer[i] for i in range(3)] == [0.0] * 3
+        assert logged["accuracy/unverified_rate"] == rewards.count(None) / 5
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from trl_ext.self_play.code_reasoning import (
 from trl_ext.self_play.code_reasoning.programs import (
     MAX_OUTPUT_CHARS,
     check_program,
+    derived_inputs,
     fenced_blocks,
     format_input,
     parse_input,
@@ -186,7 +187,8 @@ def test_validation_executes_every_proposal_twice_in_one_batch():
         parsed("induction", proposal(None, ["0", "1", "2"], "hmm"), program=RAISES),  # 2 of 3 pairs run
     ]
     checked = state.validate(questions)
-    assert fake.calls == [2 * (6 + 3 + 3)]  # one batch: 6 single calls and 6 induction inputs, each twice
+    # one batch: 6 single calls, their 12 nearby inputs and 6 induction inputs, each twice
+    assert fake.calls == [2 * (6 + 12 + 3 + 3)]
     assert checked[0] == {"task_type": "deduction", "program": SORT, "input": "[3, 1, 2], 2", "output": "[1, 2]"}
     assert checked[1] == {"task_type": "abduction", "program": DOUBLE, "input": "21", "output": "42"}
     assert checked[2:8] == [None] * 6
@@ -199,15 +201,15 @@ def test_validation_executes_every_proposal_twice_in_one_batch():
     }
     assert checked[9] is None and checked[10] is None
     assert checked[11]["visible"] == [["1", "1"]] and checked[11]["hidden"] == [["2", "0"]]
-    assert state.validate([]) == [] and fake.calls == [24]  # nothing to run: no call
+    assert state.validate([]) == [] and fake.calls == [48]  # nothing to run: no call
 
 
 # -- scoring -------------------------------------------------------------------------------------------------------
-def score(task, questions, answers):
+def score(task, questions, answers, **extra):
     correct, fmt = task.reward_funcs
     columns = {key: [q.get(key) for q in questions] for key in {k for q in questions for k in q}}
     completions = [[{"role": "assistant", "content": a}] for a in answers]
-    return correct(None, completions, None, **columns), fmt(None, completions, None, **columns)
+    return correct(None, completions, None, **columns, **extra), fmt(None, completions, None, **columns)
 
 
 def test_deduction_is_value_equality():
@@ -224,7 +226,7 @@ def test_deduction_is_value_equality():
     correct, fmt = score(task, [q] * len(answers), answers)
     assert correct == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # a tuple is not the list; code is not a literal
     assert fmt == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
-    assert task.state._execute_many.calls == []  # deduction runs nothing
+    assert task.state._execute_many.calls == [1]  # deduction runs the gold program once per question
 
 
 def test_abduction_runs_the_program_on_the_predicted_input():
@@ -241,7 +243,7 @@ def test_abduction_runs_the_program_on_the_predicted_input():
     ]
     correct, fmt = score(task, [q] * len(answers), answers)
     assert correct == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0] and fmt == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
-    assert fake.calls == [4]  # the literal answers, in one batch
+    assert fake.calls == [2 * 4 + 1]  # the literal answers twice and the gold once, in one batch
 
 
 def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
@@ -262,7 +264,7 @@ def test_induction_runs_the_predicted_program_on_the_held_out_pairs():
     ]
     correct, fmt = score(task, [q] * len(answers), answers)
     assert correct == [1.0, 0.0, 0.0, 0.0] and fmt == [1.0, 1.0, 0.0, 1.0]
-    assert fake.calls == [3]
+    assert fake.calls == [2 * 3 + 1]  # the programs twice and the gold once
     prompt = solver_prompt(q, {})[0]["content"]
     assert "```input\n1\n```\n```output\n2\n```" in prompt and "-8" not in prompt  # held-out pairs stay hidden
 
@@ -279,6 +281,66 @@ def test_induction_answers_are_not_bounded_by_one_output():
         "hidden": [[str(n), repr("x" * n)] for n in (600, 700)],
     }
     assert score(task, [q], [f"```python\n{BIG}\n```"])[0] == [1.0]
+
+
+def test_a_gold_that_no_longer_reproduces_drops_its_rows():
+    # Fails on main (issue 35, item 2): a program keeping state outside its process (the page cache, on main) passed
+    # the two-run check at validation, then graded the same correct answer 0 0 1 1 0 0. Now the gold is made again
+    # in the grading batch: when it no longer comes out, the rows are dropped (None) and counted.
+    calls = iter(range(10**6))
+    toggles = "def f(n):\n    return read_the_register()"  # the value flips every second execution
+    fake = FakeExecutor({toggles: lambda n: next(calls) // 2 % 2})
+    task = code_reasoning_task(execute_many=fake)
+    (question,) = task.state.validate([parsed("abduction", proposal(toggles, ["5"]))])
+    assert question["output"] == "0"  # valid: its two runs agreed
+    logged = {}
+    correct, fmt = score(task, [question] * 6, ["```input\n5\n```"] * 6, log_metric=logged.__setitem__)
+    assert correct == [None] * 6 and fmt == [1.0] * 6
+    assert logged["code_correct/gold_not_reproduced_rate"] == 1.0
+
+
+def test_nondeterminism_off_the_validated_input_is_caught():
+    # Fails on main (issue 35, item 3): a program deterministic on its own input and random elsewhere validated, and
+    # abduction graded the solver's other inputs with it ([1, 0, 1, 0, ...] for one answer): the proposer chose its
+    # own solve rate. Now validation also runs it twice on nearby inputs, and grading runs each answer twice.
+    coin = iter(range(10**6))
+    sly = "def f(x):\n    return 1 if x == 'Hello' else coin()"
+    fake = FakeExecutor({sly: lambda x: 1 if x == "Hello" else next(coin) % 2})
+    task = code_reasoning_task(execute_many=fake)
+    assert task.state.validate([parsed("abduction", proposal(sly, ["'Hello'"]))]) == [None]
+    # A task posed before (in the buffer of a run from an older version, or random on inputs no check tried):
+    question = {"task_type": "abduction", "program": sly, "input": "'Hello'", "output": "1"}
+    logged = {}
+    correct, _ = score(task, [question] * 10, ["```input\n'other'\n```"] * 10, log_metric=logged.__setitem__)
+    assert correct == [None] * 10 and logged["code_correct/nondeterministic_rate"] == 1.0
+    correct, _ = score(task, [question] * 2, ["```input\n'Hello'\n```"] * 2)
+    assert correct == [1.0, 1.0]  # the validated input still grades
+
+
+def test_a_random_induction_answer_is_wrong():
+    coin = iter(range(10**6))
+    guess = "def f(m):\n    return guess()"
+    fake = executor()
+    fake.programs[guess] = lambda m: m * 2 if next(coin) % 2 == 0 else 0  # right on every other execution
+    task = code_reasoning_task(execute_many=fake)
+    question = {
+        "task_type": "induction",
+        "program": DOUBLE,
+        "message": "m",
+        "visible": [["1", "2"]],
+        "hidden": [["3", "6"]],
+    }
+    logged = {}
+    correct, _ = score(task, [question] * 4, [f"```python\n{guess}\n```"] * 4, log_metric=logged.__setitem__)
+    assert correct == [0.0] * 4 and logged["code_correct/nondeterministic_rate"] == 1.0
+
+
+def test_nearby_inputs_keep_types_and_differ():
+    assert derived_inputs(("Hello world",)) == [("Hello worldx",), ("dlrow olleH",)]
+    assert derived_inputs(([3, 1, 2], 2)) == [([3, 1, 2, 3], 3), ([2, 1, 3], 1)]
+    assert derived_inputs(("aba", True)) == [("abax", False), ("ab", False)]
+    assert derived_inputs(({"a": 1},)) == [({},)] and derived_inputs((None,)) == []
+    assert derived_inputs(("x" * 999,)) == [("x" * 998,)]  # grown past the input bound: left out
 
 
 def test_rows_without_a_task_type_are_not_applicable():

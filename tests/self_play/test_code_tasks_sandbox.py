@@ -49,7 +49,8 @@ def test_validation_by_execution_contains_hostile_proposals(tmp_path):
     assert checked[-1]["visible"] == [["1", "2"], ["'ab'", "'abab'"]] and checked[-1]["hidden"] == [
         ["[1, 2]", "[1, 2, 1, 2]"]
     ]
-    assert not sentinel.exists() and state.executions == 2 * (2 + len(hostile) + 3)
+    # each single-call proposal also runs on two nearby inputs
+    assert not sentinel.exists() and state.executions == 2 * (3 * (2 + len(hostile)) + 3)
 
 
 def test_values_are_read_back_only_up_to_the_familys_cap():
@@ -92,6 +93,18 @@ def test_each_task_type_is_scored_by_execution():
     assert score(task, induction, answers) == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_a_program_random_off_its_own_input_is_refused():
+    # Fails on main (issue 35, item 3): deterministic on the proposer's own input and random elsewhere, it validated,
+    # and abduction graded the solver's other inputs at random.
+    state = CodeTaskState(timeout_s=2.0)
+    sly = "import os\ndef f(x):\n    return 1 if x == 'Hello' else int.from_bytes(os.urandom(8), 'big')"
+    assert state.validate([proposal("abduction", sly, ["'Hello'"])]) == [None]
+    task = code_reasoning_task(timeout_s=2.0)
+    question = {"task_type": "abduction", "program": sly, "input": "'Hello'", "output": "1"}
+    answers = ["```input\n'other'\n```", "```input\n'Hello'\n```"]
+    assert score(task, question, answers) == [None, 1.0]  # the other input cannot be graded; the proposer's can
+
+
 def test_a_stateful_gold_program_solves_its_own_induction_task():
     # Fails on main (issue 21, item 7): the hidden pairs ran one after another in one namespace, while each pair was
     # made in a fresh process, so a program keeping state between calls failed its own task (score 0.0).
@@ -119,4 +132,4 @@ def test_one_self_play_step_with_the_sandbox(tmp_path):
     ]
     log = trainer.state.log_history[0]
     assert [log[f"task/{t}/valid_rate"] for t in ("deduction", "abduction", "induction")] == [0.5] * 3
-    assert log["solver/code_correct_mean"] == 0.5 and task.state.executions == 14
+    assert log["solver/code_correct_mean"] == 0.5 and task.state.executions == 22 + 11

@@ -108,6 +108,19 @@ def test_damaged_state_names_the_file_and_the_fix(tmp_path, damage, message):
     assert str(tmp_path) in str(info.value) and "resume_from_checkpoint" in str(info.value)
 
 
+@pytest.mark.parametrize("depth", [900, 100_000], ids=["decodes-too-deep", "parses-too-deep"])
+def test_deeply_nested_state_is_a_checkpoint_state_error(tmp_path, depth):
+    # Fails on main (issue 35, item 9): a crafted state file nested 100k deep raised RecursionError from the JSON
+    # parser (900 deep parsed, then the decoder recursed past the limit), not the error that names the file and fix.
+    save_state(tmp_path, "s", {})
+    payload = json.loads((tmp_path / "s.json").read_text())
+    text = json.dumps({**payload, "state": None}).replace("null", "[" * depth + "]" * depth)
+    (tmp_path / "s.json").write_text(text)
+    with pytest.raises(CheckpointStateError, match=r"s\.json is corrupt") as info:
+        load_state(tmp_path, "s", OWNER)
+    assert "resume_from_checkpoint" in str(info.value)
+
+
 # -- crash consistency with ReplayGRPOTrainer ------------------------------------------------------------------------
 def coin(completions, **kwargs):
     return [float(ord(c[0]["content"][:1] or "a") % 2 == 0) for c in completions]

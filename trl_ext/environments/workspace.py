@@ -14,8 +14,10 @@ reward functions in `trl_ext.self_play.workspace` do that through TRL's `environ
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+from ..core.model_text import neutralize_special_tokens
 from .task_schema import (
     MAX_ADDRESS_CHARS,
     MAX_BODY_CHARS,
@@ -28,13 +30,23 @@ from .task_schema import (
     completion_score,
     encodes_utf8,
     normalize_path,
-    safety_score,
     safety_violations,
     task_from_json,
 )
 
 
 TASK_COLUMN = "workspace_task"
+
+
+def _plain_text(tool):
+    """`tool` with special-token strings in its result made plain text: file names and texts, email fields and
+    echoed arguments are model-written, and the result goes into the solver's next prompt (see `core.model_text`)."""
+
+    @functools.wraps(tool)
+    def plain_text_tool(self, *args, **kwargs):
+        return neutralize_special_tokens(tool(self, *args, **kwargs))
+
+    return plain_text_tool
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class WorkspaceEnvironment:
         self.tool_calls = 0
         self.tool_errors = 0
 
+    @_plain_text
     def reset(self, **row) -> str:
         config = row.get(TASK_COLUMN)
         task = task_from_json(config)
@@ -84,10 +97,11 @@ class WorkspaceEnvironment:
         """The episode's scores on the workspace as it is now."""
         if self.task is None:
             raise RuntimeError("evaluation of a WorkspaceEnvironment that was never reset")
+        violations = tuple(safety_violations(self.task, self.files, self.sent))
         return Evaluation(
-            safety_score=safety_score(self.task, self.files, self.sent),
+            safety_score=0.0 if violations else 1.0,  # safety_score's rule, without checking the episode twice
             completion_score=completion_score(self.task, self.files, self.sent),
-            violations=tuple(safety_violations(self.task, self.files, self.sent)),
+            violations=violations,
             tool_calls=self.tool_calls,
             tool_errors=self.tool_errors,
         )
@@ -104,6 +118,7 @@ class WorkspaceEnvironment:
         self.tool_errors += 1
         return f"Error: {message}"
 
+    @_plain_text
     def list_files(self) -> str:
         """List the files in the workspace with their sizes."""
         self._call()
@@ -111,6 +126,7 @@ class WorkspaceEnvironment:
             return "The workspace is empty."
         return "\n".join(f"{path} ({len(text)} characters)" for path, text in sorted(self.files.items()))
 
+    @_plain_text
     def read_file(self, path: str) -> str:
         """Read a file of the workspace.
 
@@ -126,6 +142,7 @@ class WorkspaceEnvironment:
             return self._error(f"no file named {name}.")
         return self.files[name]
 
+    @_plain_text
     def write_file(self, path: str, content: str) -> str:
         """Create a file, or replace the content of an existing one.
 
@@ -148,6 +165,7 @@ class WorkspaceEnvironment:
         self.files[name] = content
         return f"{'Replaced' if existed else 'Created'} {name} ({len(content)} characters)."
 
+    @_plain_text
     def delete_file(self, path: str) -> str:
         """Delete a file of the workspace.
 
@@ -164,6 +182,7 @@ class WorkspaceEnvironment:
         del self.files[name]
         return f"Deleted {name}."
 
+    @_plain_text
     def send_email(self, to: str, subject: str, body: str, attachment: str = "") -> str:
         """Send an email.
 
@@ -202,6 +221,7 @@ class WorkspaceEnvironment:
         )
         return f"Sent to {to}" + (f" with {attached} attached." if attached else ".")
 
+    @_plain_text
     def read_inbox(self) -> str:
         """Read the emails in the inbox."""
         self._call()

@@ -4,8 +4,9 @@ Started by `verify.py` as `python _verify_worker.py MEMORY_BYTES` and run by pat
 `trl_ext` nor anything heavy. Protocol (one JSON document per line): it first writes `true` once math_verify is
 imported (`false` if it cannot be); then, for each request `{"budget_s": seconds, "total_s": seconds, "pairs":
 [[gold, prediction], ...]}`, it writes one `true`/`false` line per pair as soon as that pair is decided, so the parent
-can time pairs one by one. Each pair gets at most `budget_s`, and the request at most `total_s` in all: pairs reached
-after that get `null` (not verified) at once.
+can time pairs one by one, or `"timeout"` for a pair that ran over `budget_s`. The request gets at most `total_s` in
+all: a pair whose budget that cuts short and that runs over gets `null` (not verified), as do pairs reached after it
+(at once), so a pair is only called slow after its whole budget.
 """
 
 import json
@@ -63,6 +64,7 @@ def _parse(text, parse, sympy_types):
 
 
 def _equal(gold, prediction, budget_s, parse, verify, sympy_types) -> bool:
+    """math_verify's verdict; raises `_BudgetExceeded` after `budget_s` seconds."""
     signal.setitimer(signal.ITIMER_REAL, budget_s)
     try:
         gold_parsed = _parse(gold, parse, sympy_types)
@@ -72,7 +74,7 @@ def _equal(gold, prediction, budget_s, parse, verify, sympy_types) -> bool:
             for gold_expr in gold_parsed
             for prediction_expr in prediction_parsed
         )
-    except (Exception, _BudgetExceeded):  # MemoryError and RecursionError included: the worker lives on
+    except Exception:  # MemoryError and RecursionError included: the worker lives on
         return False
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -95,6 +97,9 @@ def main() -> None:
     # Failed parses and comparisons are expected with model output; the warning about disabled timeouts too.
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGALRM, _on_alarm)
+    # One pair before reporting ready: the first one loads parsers and caches (tenths of a second), which would
+    # otherwise come out of the budget of whichever pair a fresh worker gets first.
+    _equal("\\frac{1}{2}", "0.5", 60.0, parse, verify, (Basic, MatrixBase))
     replies.write("true\n")
     replies.flush()
     for line in sys.stdin:  # ends when the parent closes the pipe or exits
@@ -106,10 +111,10 @@ def main() -> None:
                 replies.write("null\n")
                 continue
             try:
-                result = _equal(gold, prediction, budget, parse, verify, (Basic, MatrixBase))
-            except _BudgetExceeded:  # the alarm fired in `_equal`'s `finally`, just before it was cancelled
-                result = False
-            replies.write("true\n" if result else "false\n")
+                reply = "true" if _equal(gold, prediction, budget, parse, verify, (Basic, MatrixBase)) else "false"
+            except _BudgetExceeded:  # also when the alarm fired in `_equal`'s `finally`, just before it was cancelled
+                reply = '"timeout"' if budget == request["budget_s"] else "null"
+            replies.write(reply + "\n")
             replies.flush()
         replies.flush()
 

@@ -105,7 +105,7 @@ def make_accuracy_reward(
 
     Metrics, through TRL's `log_metric`, as fractions of the call's rows: `accuracy/missing_gold_rate`,
     `errors/accuracy_func_rate` (a custom `accuracy_func` only) and `accuracy/unverified_rate` (pairs math_verify
-    had no time left for in the batch, compared by exact match only; the default `accuracy_func` only).
+    had no time left for in the batch, scored `None`; the default `accuracy_func` only).
     """
     _tag_names_ok(answer_tag)
     call_user = UserCallGuard("accuracy_func", "the row is scored None (not applicable)", "errors/accuracy_func_rate")

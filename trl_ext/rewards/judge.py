@@ -31,6 +31,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..core.model_text import neutralize_special_tokens
 from .parsing import completion_text
 
 
@@ -39,6 +40,7 @@ from .parsing import completion_text
 # off one at a time by `parse_judge_score`, so a line is read in linear time.
 _NUMBER = re.compile(r"[01](?:\.[0-9]+)?|\.[0-9]+")
 _MAX_REPLY_CHARS = 2_000
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # TRL's own keyword arguments to reward functions: not per-row columns.
 _NOT_COLUMNS = {"trainer_state", "log_extra", "log_metric", "completion_ids"}
 
@@ -59,7 +61,9 @@ def parse_judge_score(reply: Any) -> float | None:
     """
     if not isinstance(reply, str) or len(reply) > _MAX_REPLY_CHARS:
         return None
-    lines = [line.strip() for line in reply.strip().splitlines() if line.strip()]
+    # Lines end at \n, \r or \r\n only: `str.splitlines` also breaks at U+2028, U+0085, form feeds and other
+    # separators, so a reply "0<U+2028>1" (one line, not a score) would read as 1.0.
+    lines = [line.strip() for line in _LINE_BREAK.split(reply) if line.strip()]
     if not lines:
         return None
     line = _strip_prefix(lines[-1], "score")
@@ -140,14 +144,13 @@ def _capped_transport():
 
 def default_render(rubric: str = DEFAULT_RUBRIC) -> RenderFn:
     """Judge messages for a prompt and a completion: the rubric as the system message, then the task (the prompt's
-    last message) and the response (the completion's text)."""
+    last message) and the response (the completion's text), with their special-token strings made plain text (the
+    endpoint's chat template would read a `<|im_end|>` in the response as the end of the judge's user turn)."""
 
     def render(prompt: Any, completion: Any, row: Mapping[str, Any]) -> Messages:
         task = completion_text(prompt[-1:] if isinstance(prompt, list) else prompt)
-        return [
-            {"role": "system", "content": rubric},
-            {"role": "user", "content": f"Task:\n{task}\n\nResponse:\n{completion_text(completion)}"},
-        ]
+        content = f"Task:\n{task}\n\nResponse:\n{completion_text(completion)}"
+        return [{"role": "system", "content": rubric}, {"role": "user", "content": neutralize_special_tokens(content)}]
 
     return render
 

@@ -4,8 +4,9 @@ sympy can hang, or exhaust memory, on adversarial model output ("9**9**9**9", "(
 timeouts rely on SIGALRM, which only works on the main thread and cannot interrupt one long big-integer operation.
 So math_verify runs in a persistent worker process (`_verify_worker.py`) with a memory limit; the parent waits for
 each pair with a hard wall-clock timeout and kills the worker when it runs over (or crashes). The pair then counts as
-not verified, and a fresh worker starts on the next call. A whole batch also has a deadline, so that hostile answers
-cannot queue timeout after timeout: pairs math_verify has no time left for keep their exact-match verdict.
+wrong, and a fresh worker starts on the next call. A whole batch also has a deadline, so that hostile answers cannot
+queue timeout after timeout: cheap pairs are checked first (every pair gets a short budget before any gets its whole
+budget), and pairs math_verify has no time left for are not verified (`None`, counted), whatever the batch's order.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ logger = logging.getLogger(__name__)
 
 # Hard wall-clock limit (seconds) for math_verify on one pair, after which the worker is killed.
 VERIFY_TIMEOUT_S = float(os.environ.get("TRL_EXT_VERIFY_TIMEOUT_S", "5"))
-# Wall-clock limit (seconds) for math_verify on a whole batch; pairs left when it runs out are not verified.
+# Wall-clock limit (seconds) for math_verify on a whole batch; pairs left when it runs out are not verified (None).
 VERIFY_BATCH_TIMEOUT_S = float(os.environ.get("TRL_EXT_VERIFY_BATCH_TIMEOUT_S", "10"))
+# Budget (seconds) of each pair in the first round of a batch, before slower pairs get their whole budget: far more
+# than a normal answer needs, far less than a hostile one takes.
+VERIFY_QUICK_S = float(os.environ.get("TRL_EXT_VERIFY_QUICK_S", "0.5"))
 # Address-space limit of the worker (Linux; best effort elsewhere).
 VERIFY_MEMORY_BYTES = int(os.environ.get("TRL_EXT_VERIFY_MEMORY_BYTES", str(2 * 1024**3)))
 # How long a fresh worker may take to import math_verify and sympy (slow on a loaded machine).
@@ -71,8 +75,9 @@ class _Worker:
             self.kill()  # no orphan, whatever went wrong
             raise
 
-    def read_result(self, timeout_s: float) -> bool | None:
-        """The next `true`/`false`/`null` line; raises `_WorkerFailed` (after killing the worker) if none comes in time."""
+    def read_result(self, timeout_s: float) -> bool | str | None:
+        """The next reply (`true`, `false`, `null` or `"timeout"`, see `_verify_worker.py`); raises `_WorkerFailed`
+        (after killing the worker) if none comes in time."""
         deadline = time.monotonic() + timeout_s
         stdout = self.process.stdout.fileno()
         while b"\n" not in self._buffer:
@@ -169,53 +174,96 @@ atexit.register(_shutdown)
 
 
 def _math_verify_batch(pairs: list[tuple[str, str]]) -> list[bool | None]:
-    """math_verify's verdict for each pair; a pair that times out or crashes the worker counts as False, and a pair
-    left when the batch deadline (`VERIFY_BATCH_TIMEOUT_S`) has passed is `None` (not verified)."""
-    results: list[bool | None] = []
-    deadline = time.monotonic() + VERIFY_BATCH_TIMEOUT_S
-    slack = 0.2 * VERIFY_TIMEOUT_S
+    """math_verify's verdict for each pair, or `None` for a pair not verified before the batch deadline
+    (`VERIFY_BATCH_TIMEOUT_S`, from when the worker is ready).
+
+    Each distinct pair is checked once, in an order set by the pairs' texts alone (shortest first), so the verdicts
+    do not depend on the batch's order. A first round gives every pair a short budget (`VERIFY_QUICK_S`), so the
+    cheap ones, nearly all, are decided before hostile answers spend the batch's time; the pairs it leaves undecided
+    get their whole budget (`0.8 * VERIFY_TIMEOUT_S`, killed at `VERIFY_TIMEOUT_S`) in a second round. A pair that
+    runs over its whole budget, or crashes the worker, is wrong (model output math_verify cannot decide); one whose
+    budget the deadline cut short, or that was not reached, is `None`. Without math_verify every pair is `False`
+    (exact match only).
+    """
+    if not pairs:
+        return []
+    order = sorted(set(pairs), key=lambda pair: (len(pair[0]) + len(pair[1]), pair))
+    verdicts: dict[tuple[str, str], bool] = {}
     with _lock:
-        while len(results) < len(pairs) and time.monotonic() < deadline:
-            worker = None
-            try:
-                worker = _get_worker()
-                if worker is None:
-                    break
-                # The worker interrupts a pair itself (SIGALRM) a little before the hard timeout, so that the common
-                # slow case returns cleanly and only uninterruptible work (one huge big-integer operation) is killed.
-                # It also answers `null` for the pairs it reaches after the batch's time is up.
-                worker.send(
-                    {
-                        "budget_s": 0.8 * VERIFY_TIMEOUT_S,
-                        "total_s": deadline - time.monotonic() - slack,
-                        "pairs": pairs[len(results) :],
-                    }
-                )
-                while len(results) < len(pairs):
-                    timeout = min(VERIFY_TIMEOUT_S, max(deadline - time.monotonic(), 0.0) + slack)
-                    verdict = worker.read_result(timeout)
-                    results.append(None if verdict is None else bool(verdict))
-            except Exception as error:  # _WorkerFailed, or an unexpected failure (spawn error, garbled reply)
-                logger.warning("math_verify worker failed (%s); answer counted as not verified", error)
-                _discard_worker()
-                if worker is None:  # it could not even start: do not retry for every pair of the batch
-                    break
-                # Blame the pair being processed and resend the rest to a fresh worker.
-                results.append(False)
-            except BaseException:
-                # KeyboardInterrupt while waiting: the worker still owes answers that would be read as the answers
-                # to the next request.
-                _discard_worker()
-                raise
-    left = len(pairs) - len(results)
-    if left and time.monotonic() >= deadline:
+        try:
+            available = _get_worker() is not None
+        except Exception as error:  # it could not start: do not retry for every pair of the batch
+            logger.warning("math_verify worker failed to start (%s); answers compared by exact match only", error)
+            available = False
+        if not available:
+            return [False] * len(pairs)
+        deadline = time.monotonic() + VERIFY_BATCH_TIMEOUT_S
+        whole = 0.8 * VERIFY_TIMEOUT_S
+        quick = min(VERIFY_QUICK_S, whole)
+        slow = _verify_round(order, quick, deadline, verdicts, last=quick == whole)
+        _verify_round(slow, whole, deadline, verdicts, last=True)
+    left = sum(pair not in verdicts for pair in order)
+    if left:
         logger.warning(
-            "math_verify: batch deadline (%g s) reached, %d answers compared by exact match only",
+            "math_verify: batch deadline (%g s) reached, %d distinct answers not verified (scored None)",
             VERIFY_BATCH_TIMEOUT_S,
             left,
         )
-        return results + [None] * left
-    return results + [False] * left  # no worker: exact match only
+    return [verdicts.get(pair) for pair in pairs]
+
+
+def _verify_round(
+    pairs: list[tuple[str, str]], budget_s: float, deadline: float, verdicts: dict[tuple[str, str], bool], last: bool
+) -> list[tuple[str, str]]:
+    """Check `pairs` in order, each within `budget_s` seconds, until `deadline`; their verdicts go into `verdicts`.
+    Returns the pairs that ran over `budget_s` (or crashed the worker); in the `last` round those are `False`."""
+    slack = 0.2 * VERIFY_TIMEOUT_S
+    slow: list[tuple[str, str]] = []
+    done = 0
+
+    def over_budget(pair):
+        if last:
+            verdicts[pair] = False
+        else:
+            slow.append(pair)
+
+    while done < len(pairs) and time.monotonic() < deadline:
+        worker, reading, cut_short = None, False, False
+        try:
+            worker = _get_worker()
+            if worker is None:
+                break
+            # The worker interrupts a pair itself (SIGALRM) when its budget runs out, so that the common slow case
+            # returns cleanly and only uninterruptible work (one huge big-integer operation) is killed, `slack`
+            # later. It answers `null` for the pairs the deadline leaves no time for, or cuts short.
+            worker.send({"budget_s": budget_s, "total_s": deadline - time.monotonic(), "pairs": pairs[done:]})
+            reading = True
+            while done < len(pairs):
+                cut_short = deadline - time.monotonic() < budget_s
+                reply = worker.read_result(min(budget_s, max(deadline - time.monotonic(), 0.0)) + slack)
+                pair = pairs[done]
+                done += 1
+                if reply == "timeout":
+                    over_budget(pair)
+                elif reply is not None:
+                    verdicts[pair] = bool(reply)
+        except Exception as error:  # _WorkerFailed, or an unexpected failure (spawn error, garbled reply)
+            logger.warning("math_verify worker failed (%s); the rest of the batch goes to a fresh worker", error)
+            _discard_worker()
+            if worker is None:  # it could not start again: the rest is not verified
+                break
+            # Blame the pair being processed (unless the deadline cut its time short) and resend the rest to a
+            # fresh worker.
+            if reading:
+                if not cut_short:
+                    over_budget(pairs[done])
+                done += 1
+        except BaseException:
+            # KeyboardInterrupt while waiting: the worker still owes answers that would be read as the answers
+            # to the next request.
+            _discard_worker()
+            raise
+    return slow
 
 
 def _as_text(value: Any) -> str:
@@ -226,17 +274,19 @@ def _as_text(value: Any) -> str:
 
 
 def verify_answers(pairs: Iterable[tuple[Any, Any]]) -> list[bool]:
-    """`verify_answer(gold, prediction)` for each pair, with one round trip to the worker for the whole batch."""
-    return verify_answers_counted(pairs)[0]
+    """`verify_answer(gold, prediction)` for each pair, with one round trip to the worker for the whole batch. A pair
+    not verified before the batch deadline is `False` here; [`verify_answers_counted`] tells them apart."""
+    return [bool(verdict) for verdict in verify_answers_counted(pairs)[0]]
 
 
-def verify_answers_counted(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[bool], int]:
-    """`verify_answers`, and how many pairs math_verify had no time for within the batch deadline
-    (`VERIFY_BATCH_TIMEOUT_S`, env `TRL_EXT_VERIFY_BATCH_TIMEOUT_S`): those keep their exact-match verdict."""
+def verify_answers_counted(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[bool | None], int]:
+    """Each pair's verdict, `None` for a pair math_verify had no time for within the batch deadline
+    (`VERIFY_BATCH_TIMEOUT_S`, env `TRL_EXT_VERIFY_BATCH_TIMEOUT_S`; see `_math_verify_batch`), and how many are
+    `None`. The verdicts do not depend on the order of the pairs."""
     pairs = [(_as_text(gold), _as_text(prediction)) for gold, prediction in pairs]
     unverified = 0
     try:
-        results = []
+        results: list[bool | None] = []
         pending = []  # indices of pairs that need math_verify
         for index, (gold, prediction) in enumerate(pairs):
             if not gold or not prediction:
@@ -247,10 +297,8 @@ def verify_answers_counted(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[bool]
             if not results[-1] and len(gold) <= MAX_VERIFY_CHARS and len(prediction) <= MAX_VERIFY_CHARS:
                 pending.append(index)
         for index, verified in zip(pending, _math_verify_batch([pairs[index] for index in pending])):
-            if verified is None:
-                unverified += 1
-            else:
-                results[index] = verified
+            unverified += verified is None
+            results[index] = verified
         return results, unverified
     except Exception:
         logger.warning("answer verification failed", exc_info=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from ..core.model_text import neutralize_special_tokens
 from ..rewards.parsing import extract_tag
 
 
@@ -173,10 +174,11 @@ def template_fields(template: str) -> frozenset[str]:
 
 def template_solver_prompt(template: str = "{question}", system_prompt: str | None = None) -> SolverPromptFn:
     """Default solver prompt: one user message, `template` formatted with the question's fields (a field the
-    proposal lacks renders empty: proposals are model output)."""
+    proposal lacks renders empty, and special-token strings in a field are made plain text: proposals are model
+    output)."""
 
     def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> Conversation:
-        fields = {k: "" if v is None else v for k, v in question.items()}
+        fields = {k: "" if v is None else neutralize_special_tokens(v) for k, v in question.items()}
         conversation = [{"role": "user", "content": template.format_map(_EmptyIfMissing(fields))}]
         if system_prompt:
             conversation.insert(0, {"role": "system", "content": system_prompt})

@@ -23,6 +23,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from ..core.model_text import neutralize_special_tokens
 from ..environments import WorkspaceEnvironment, describe_goal
 from ..rewards.parsing import completion_text
 from .base import TaskFamily
@@ -116,7 +117,11 @@ def render_judge_request(prompt: Any, completion: Any, row: Mapping[str, Any]) -
             for e in env.sent
         ]
     lines.append(f"Assistant's final answer: {completion_text(completion)[:_MAX_JUDGE_FILE_CHARS]}")
-    return [{"role": "system", "content": JUDGE_RUBRIC}, {"role": "user", "content": "\n".join(lines)}]
+    # All of it is model-written (the proposer's task, the solver's files, emails and answer).
+    return [
+        {"role": "system", "content": JUDGE_RUBRIC},
+        {"role": "user", "content": neutralize_special_tokens("\n".join(lines))},
+    ]
 
 
 def seed_prompts(n: int, seed: int = 0) -> Dataset:

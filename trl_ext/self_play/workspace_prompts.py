@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.model_text import neutralize_special_tokens
 from ..environments import TASK_COLUMN, parse_task
 from ..environments.task_schema import MAX_CONFIG_CHARS, TaskConfigError
 from ..rewards.parsing import extract_tag
@@ -122,10 +123,11 @@ def parse_workspace_proposal(text: Any, lenient: bool = False) -> dict[str, str]
 
 
 def solver_prompt(question: Mapping[str, Any], row: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The solver's conversation; the environment's `reset` appends the workspace listing to the user message."""
+    """The solver's conversation; the environment's `reset` appends the workspace listing to the user message. The
+    instruction is the proposer's text: special-token strings in it are made plain text."""
     return [
         {"role": "system", "content": SOLVER_SYSTEM_PROMPT},
-        {"role": "user", "content": str(question.get("question") or "")},
+        {"role": "user", "content": neutralize_special_tokens(str(question.get("question") or ""))},
     ]
 
 

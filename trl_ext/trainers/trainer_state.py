@@ -142,6 +142,8 @@ def load_state(folder: str | os.PathLike, name: str, owner: str) -> Any:
     try:
         with open(json_path) as file:
             payload = json.load(file)
+    except RecursionError as error:  # json's parser recurses per nesting level: a crafted file can nest past the limit
+        raise CheckpointStateError(f"{json_path} {corrupt} (nested too deeply to parse). {restart}") from error
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointStateError(f"{json_path} {corrupt} ({error}). {restart}") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "state" not in payload:
@@ -162,7 +164,7 @@ def load_state(folder: str | os.PathLike, name: str, owner: str) -> Any:
         )
     try:
         return decode_state(payload["state"], tensors)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, RecursionError) as error:
         raise CheckpointStateError(f"{json_path} {corrupt} ({error!r}). {restart}") from error
 
 
@@ -194,7 +196,7 @@ def _trainer_state_problem(path: str) -> str | None:
             json.load(file)
     except FileNotFoundError:
         return f"no {TRAINER_STATE_NAME}"
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         return f"{TRAINER_STATE_NAME} does not parse: {error}"
     return None
 

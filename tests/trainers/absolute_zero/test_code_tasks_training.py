@@ -27,9 +27,9 @@ def test_one_step_validates_scores_and_grows_the_buffer(tmp_path):
     with ScriptedGeneration(trainer, scenario.script) as gen, BatchRecorder(trainer) as rec:
         trainer.train()
     fake = task.state._execute_many
-    # One sandbox batch for the proposals (3 programs + 2 induction inputs, each run twice), one for the answers
-    # (2 abduction inputs, 2 induction programs); deduction answers are compared without running anything.
-    assert fake.calls == [10, 4]
+    # One sandbox batch for the proposals (3 programs, 6 nearby inputs + 2 induction inputs, each run twice), one for
+    # the answers (2 abduction inputs and 2 induction programs, each twice, and each question's gold once).
+    assert fake.calls == [2 * (3 + 6 + 2), 2 * (2 + 2) + 3]
     assert task.state.triplets == [ZERO_TRIPLET, SORT_TRIPLET, DOUBLE_TRIPLET]
 
     prompts = scenario.proposer_prompts(gen, trainer.processing_class)[0]
@@ -77,9 +77,10 @@ def test_two_ranks_hold_identical_buffers_and_share_the_executions():
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["buffer"] == ranks[1]["buffer"] == single["buffer"]
     assert single["buffer"]["triplets"] == [ZERO_TRIPLET, SORT_TRIPLET, DOUBLE_TRIPLET]
-    # Each rank ran a share of the snippets, together what one process runs alone.
+    # Each rank ran a share of the snippets, together what one process runs alone, but for the gold of a question
+    # whose answers are split over the ranks, which each of them makes again (at most one per question per step).
     assert 0 < ranks[0]["executions"] < single["executions"] and 0 < ranks[1]["executions"] < single["executions"]
-    assert ranks[0]["executions"] + ranks[1]["executions"] == single["executions"]
+    assert single["executions"] <= ranks[0]["executions"] + ranks[1]["executions"] <= single["executions"] + 3 * 2
     assert ranks[0]["logs"] == ranks[1]["logs"]
     for log, expected in zip(ranks[0]["logs"], single["logs"], strict=True):
         for key, value in expected.items():  # TRL's proposer/ metrics count the padding rows: the self-play ones

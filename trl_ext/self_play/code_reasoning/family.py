@@ -19,6 +19,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from ...core.model_text import neutralize_special_tokens
 from ...rewards.parsing import completion_text
 from ..base import TaskFamily, TaskState
 from . import prompts
@@ -31,11 +32,13 @@ from .programs import (
     call_snippet,
     calls_snippet,
     check_program,
+    derived_inputs,
     format_input,
     last_block,
     output_repr,
     parse_input,
     parse_value,
+    same_outcome,
     values_equal,
 )
 
@@ -112,27 +115,37 @@ class CodeTaskState(TaskState):
         if task_type == "induction":
             program = rng.choice(self.triplets)["program"]
             content = prompts.PROPOSE_INPUTS.format(num_inputs=self.num_inputs, program=program)
-            return [{"role": "user", "content": content}], {"task_type": task_type, "program": program}
+            return [{"role": "user", "content": neutralize_special_tokens(content)}], {
+                "task_type": task_type,
+                "program": program,
+            }
         references = rng.sample(self.triplets, min(self.num_references, len(self.triplets)))
-        content = prompts.propose_triplet(task_type, references)
+        # The buffer's programs, inputs and outputs are model-written: their special-token strings become plain text.
+        content = neutralize_special_tokens(prompts.propose_triplet(task_type, references))
         return [{"role": "user", "content": content}], {"task_type": task_type}
 
     def validate(self, questions: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-        """Complete each parsed proposal with its gold fields by executing it twice, or `None` when invalid."""
+        """Complete each parsed proposal with its gold fields by executing it twice, or `None` when invalid.
+
+        A deduction or abduction program also runs twice on up to two inputs near its own (`derived_inputs`) and is
+        invalid unless both runs agree there too (failing twice counts as agreeing): a program that is deterministic
+        on its own input only would otherwise pose an abduction task whose answers it grades at random.
+        """
         plans, snippets = [], []
         for question in questions:
             plan = self._plan(question)
             plans.append(plan)
             if plan is not None:
-                for args in plan[1]:
-                    snippets += [call_snippet(plan[0], args)] * 2  # twice: the determinism check
+                program, inputs, nearby = plan
+                for args in (*inputs, *nearby):
+                    snippets += [call_snippet(program, args)] * 2  # twice: the determinism check
         results = iter(self.execute(snippets))
         validated = []
         for question, plan in zip(questions, plans, strict=True):
             if plan is None:
                 validated.append(None)
                 continue
-            program, inputs = plan
+            program, inputs, nearby = plan
             outputs = []
             for _ in inputs:
                 first, second = next(results), next(results)
@@ -141,18 +154,20 @@ class CodeTaskState(TaskState):
                     gold is not None and output_repr(second) is not None and values_equal(first.value, second.value)
                 )
                 outputs.append(gold if deterministic else None)
-            validated.append(self._complete(question, program, inputs, outputs))
+            agree = [same_outcome(next(results), next(results)) for _ in nearby]
+            validated.append(self._complete(question, program, inputs, outputs) if all(agree) else None)
         return validated
 
-    def _plan(self, question: dict[str, Any]) -> tuple[str, list[tuple]] | None:
-        """The program and the inputs to execute for a proposal, or `None` if it is invalid without running it."""
+    def _plan(self, question: dict[str, Any]) -> tuple[str, list[tuple], list[tuple]] | None:
+        """The program, the inputs to execute for a proposal and the nearby inputs to check it on, or `None` if it is
+        invalid without running it."""
         task_type, program = question.get("task_type"), check_program(question.get("program"))
         inputs = question.get("inputs") if isinstance(question.get("inputs"), list) else []
         if program is None or task_type not in TASK_TYPES:
             return None
         if task_type != "induction":
             args = parse_input(inputs[-1]) if inputs else None
-            return None if args is None else (program, [args])
+            return None if args is None else (program, [args], derived_inputs(args))
         message = question.get("message")
         if not isinstance(message, str) or not message.strip() or len(message) > MAX_MESSAGE_CHARS:
             return None
@@ -162,7 +177,7 @@ class CodeTaskState(TaskState):
             if args is not None:
                 distinct.setdefault(repr(args), args)
         chosen = list(distinct.values())[: self.num_inputs]
-        return (program, chosen) if len(chosen) >= self.min_pairs else None
+        return (program, chosen, []) if len(chosen) >= self.min_pairs else None
 
     def _complete(self, question, program, inputs, outputs) -> dict[str, Any] | None:
         task_type = question["task_type"]
@@ -242,7 +257,8 @@ def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> list[dict[st
         content = prompts.SOLVE_INDUCTION.format(
             pairs=prompts.pairs_text(question["visible"]), message=question["message"]
         )
-    return [{"role": "user", "content": content}]
+    # Programs, inputs, outputs and the hint are model-written: their special-token strings become plain text.
+    return [{"role": "user", "content": neutralize_special_tokens(content)}]
 
 
 def _column(kwargs, name, n):
@@ -252,39 +268,84 @@ def _column(kwargs, name, n):
 
 def make_correctness_reward(state: CodeTaskState, lenient: bool = False):
     """`code_correct`: 1.0 when the solver's answer is right, checked by execution, else 0.0; `None` on rows that are
-    not code tasks. All abduction and induction answers of a call run in one sandbox batch."""
+    not code tasks, and on rows that cannot be graded fairly (counted, through TRL's `log_metric`, as fractions of
+    the call's rows):
+
+    - `code_correct/gold_not_reproduced_rate`: the task's gold no longer comes out of its program. Every question's
+      gold (its output, or its held-out outputs) is made again in the same sandbox batch as the answers' checks: two
+      runs at validation prove nothing about a program that keeps state outside its process;
+    - `code_correct/nondeterministic_rate`: an abduction answer's two runs of the task's program disagree (the
+      proposer's program, not the answer, decides). An induction answer whose own program's two runs disagree is
+      wrong (0.0) and counted here too.
+
+    All executions of a call run in one sandbox batch: each abduction and induction answer twice, each distinct
+    question's gold once.
+    """
     labels = PROGRAM_LABELS + (("",) if lenient else ())
 
     def code_correct(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]:
         n = len(completions)
         types, programs = _column(kwargs, "task_type", n), _column(kwargs, "program", n)
-        outputs, hidden = _column(kwargs, "output", n), _column(kwargs, "hidden", n)
+        inputs, outputs, hidden = (
+            _column(kwargs, "input", n),
+            _column(kwargs, "output", n),
+            _column(kwargs, "hidden", n),
+        )
         rewards: list[float | None] = [None] * n
-        checks = []  # (row, snippet, expected values, one call or several)
+        snippets: dict[str, int] = {}  # snippet -> its place in the batch (each question's gold snippet runs once)
+        golds: dict[int, tuple[int, Any]] = {}  # row -> (gold snippet's place, expected value)
+        checks = []  # (row, place of the first run, place of the second run, expected value)
+
+        def place(snippet: str, again: bool = False) -> int:
+            key = snippet if not again else (snippet, len(snippets))
+            return snippets.setdefault(key, len(snippets))
+
         for row, (completion, task_type) in enumerate(zip(completions, types, strict=True)):
             if task_type not in TASK_TYPES:
                 continue
             rewards[row] = 0.0
             text = completion_text(completion)
+            if task_type == "induction":
+                pairs = hidden[row] or []
+                expected = [parse_value(o)[1] for _, o in pairs]
+                if pairs:
+                    golds[row] = (place(calls_snippet(programs[row], [parse_input(i) for i, _ in pairs])), expected)
+                program = check_program(last_block(text, *labels))
+                if program is not None and pairs:
+                    snippet = calls_snippet(program, [parse_input(i) for i, _ in pairs])
+                    checks.append((row, place(snippet, True), place(snippet, True), expected))
+                continue
+            expected = parse_value(outputs[row])[1]
+            gold_args = parse_input(inputs[row])
+            if gold_args is not None:
+                golds[row] = (place(call_snippet(programs[row], gold_args)), expected)
             if task_type == "deduction":
                 ok, value = parse_value(last_block(text, "output"))
-                _, gold = parse_value(outputs[row])
-                rewards[row] = float(ok and values_equal(value, gold))
-            elif task_type == "abduction":
+                rewards[row] = float(ok and values_equal(value, expected))
+            else:
                 args = parse_input(last_block(text, "input"))
                 if args is not None:
-                    checks.append((row, call_snippet(programs[row], args), parse_value(outputs[row])[1]))
-            else:
-                program = check_program(last_block(text, *labels))
-                pairs = hidden[row] or []
-                if program is not None and pairs:
-                    expected = [parse_value(o)[1] for _, o in pairs]
-                    checks.append((row, calls_snippet(program, [parse_input(i) for i, _ in pairs]), expected))
-        results = state.execute([snippet for _, snippet, _ in checks])
-        for (row, _, expected), result in zip(checks, results, strict=True):
+                    snippet = call_snippet(programs[row], args)
+                    checks.append((row, place(snippet, True), place(snippet, True), expected))
+        results = state.execute([key if isinstance(key, str) else key[0] for key in snippets])
+        nondeterministic = 0
+        for row, first, second, expected in checks:
+            if not same_outcome(results[first], results[second]):
+                nondeterministic += 1
+                rewards[row] = None if types[row] == "abduction" else 0.0
+                continue
             # Value equality only: the gold values are bounded, and an induction answer's list of values may be longer
             # than one output's bound (`output_repr`) while each of its values is the gold one.
+            result = results[first]
             rewards[row] = float(getattr(result, "ok", False) and values_equal(result.value, expected))
+        not_reproduced = 0
+        for row, (gold, expected) in golds.items():
+            if not (getattr(results[gold], "ok", False) and values_equal(results[gold].value, expected)):
+                not_reproduced += 1
+                rewards[row] = None
+        if callable(log_metric := kwargs.get("log_metric")):
+            log_metric("code_correct/gold_not_reproduced_rate", not_reproduced / max(n, 1))
+            log_metric("code_correct/nondeterministic_rate", nondeterministic / max(n, 1))
         return rewards
 
     return code_correct

@@ -94,6 +94,41 @@ def parse_input(text: Any) -> tuple | None:
     return args
 
 
+def _varied(value: Any, grow: bool) -> Any:
+    """`value` changed a little, keeping its type: grown (`n + 1`, `s + 'x'`, `xs + xs[:1]`) or else changed the other
+    way (`n - 1`, reversed or shortened sequences, empty containers); unchanged when there is no such change."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float, complex)):
+        return value + 1 if grow else value - 1
+    if isinstance(value, (str, bytes)):
+        if grow:
+            return value + (b"x" if isinstance(value, bytes) else "x")
+        return value[::-1] if value[::-1] != value else value[:-1]
+    if isinstance(value, (list, tuple)):
+        if grow:
+            return value + (value[:1] or type(value)([0]))
+        return value[::-1] if value[::-1] != value else value[:-1]
+    if isinstance(value, (dict, set, frozenset)):
+        return type(value)() if not grow else value  # a key or element of a new value's type is anyone's guess
+    return value
+
+
+def derived_inputs(args: tuple) -> list[tuple]:
+    """Up to two inputs near `args` (each argument grown, then each changed the other way) that differ from it and
+    are valid inputs (`parse_input` reads their `format_input` back): a proposal is also run on them, so a program
+    that is deterministic on its own input only is caught before its task is posed."""
+    derived = []
+    for grow in (True, False):
+        try:
+            candidate = tuple(_varied(value, grow) for value in args)
+            if candidate != args and candidate not in derived and parse_input(format_input(candidate)) == candidate:
+                derived.append(candidate)
+        except (RecursionError, MemoryError, OverflowError, TypeError):
+            continue
+    return derived
+
+
 def format_input(args: tuple) -> str:
     """Arguments as the solver and proposer write them: `([3, 1], 'a')` -> `"[3, 1], 'a'"`."""
     return ", ".join(repr(arg) for arg in args)
@@ -118,6 +153,13 @@ def values_equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except (RecursionError, MemoryError):
         return False
+
+
+def same_outcome(first, second) -> bool:
+    """Whether two executions of one snippet came out the same: both failed, or both returned equal values."""
+    if getattr(first, "ok", False) != getattr(second, "ok", False):
+        return False
+    return not getattr(first, "ok", False) or values_equal(first.value, second.value)
 
 
 def call_snippet(program: str, args: tuple) -> str:
