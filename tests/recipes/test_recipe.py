@@ -365,6 +365,12 @@ def test_rows_held_out_of_a_users_file_are_announced(tmp_path, caplog):
     assert f"Held out the last 2 of the 10 rows of {path}" in message and "capped at a fifth" in message
     assert "--dataset_test_split" in message and "--num_eval_samples 0" in message
     caplog.clear()
+    args.eval_only = True  # the same rows, said as what they are for
+    with caplog.at_level("WARNING", logger="trl_ext.recipe.data"):
+        load_recipe_dataset(args, None)
+    assert f"Evaluating the last 2 of the 10 rows of {path}" in caplog.text and "not trained on" not in caplog.text
+    caplog.clear()
+    args.eval_only = False
     args.num_eval_samples = 0
     with caplog.at_level("WARNING", logger="trl_ext.recipe.data"):
         train, evaluation = load_recipe_dataset(args, None)

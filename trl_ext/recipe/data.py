@@ -138,6 +138,17 @@ def announce_held_out(script_args: RecipeScriptArguments, held_out: int, total: 
         return
     source = script_args.dataset_path or f"{script_args.dataset_name} (split {script_args.dataset_train_split!r})"
     capped = ", capped at a fifth of the rows" if held_out < script_args.num_eval_samples else ""
+    if getattr(script_args, "eval_only", False):
+        logger.warning(
+            "Evaluating the last %d of the %d rows of %s (the rows a training run with --num_eval_samples %d%s held "
+            "out; file order, no shuffle).",
+            held_out,
+            total,
+            source,
+            script_args.num_eval_samples,
+            capped,
+        )
+        return
     logger.warning(
         "Held out the last %d of the %d rows of %s for evaluation (file order, no shuffle, the same in every run; "
         "--num_eval_samples %d%s): they are not trained on. Evaluate on a split of your own with "

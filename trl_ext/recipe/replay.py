@@ -217,7 +217,7 @@ def eval_only(model_path, evaluation, script_args, training_args, model_args):
             "settings": settings_values(EVALUATION_SETTINGS, script_args, training_args),
         },
     )
-    shown = ", ".join(f"{key} {value:.3f}" for key, value in metrics.items() if isinstance(value, float))
+    shown = ", ".join(f"{key} {value:.4g}" for key, value in metrics.items() if isinstance(value, (int, float)))
     print(
         f"{len(evaluation)} questions x {k} sample(s): {shown}\nreport in {output_dir}: evaluation.json, evaluation_rows.json"
     )
