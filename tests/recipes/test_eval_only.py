@@ -97,7 +97,7 @@ def test_own_data_reward_and_lora_then_eval_only(user_dir, recipe, capsys, caplo
     assert report["model"] == "out" and report["samples_per_question"] == 1
     assert report["settings"]["dataset_path"] == "mine.jsonl"  # the run's data, not the built-in questions
     assert f"{report['questions']} questions x 1 sample(s)" in printed and "report in out" in printed
-    assert (out / "evaluation_rows.json").is_file()
+    assert (out / "evaluation.jsonl").is_file()
     assert "train_log" in json.loads((out / "metrics.json").read_text())  # the training report is kept
     assert not list(out.glob("eval_eval*")) and not list(out.glob("*eval_eval*"))
     if recipe == "absolute_zero":

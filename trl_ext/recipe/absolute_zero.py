@@ -363,7 +363,7 @@ def main(script_args, training_args, model_args):
 def eval_only(model_path, task, questions, trainer_kwargs, script_args, training_args, model_args):
     """`--eval_only`: the solver's accuracy on the family's held-out questions, answered by `model_path` (a model, or
     a LoRA adapter merged into its base) through the trainer's held-out evaluation: `evaluation.json` (accuracy
-    overall and per group, n, settings) and `evaluation_rows.json` (every question, reply and score)."""
+    overall and per group, n, settings) and `evaluation.jsonl` (every question, reply and score, one line each)."""
     if questions is None:
         raise ValueError(
             f"--eval_only evaluates the family's held-out solver questions: the {task.name} family has none"
@@ -377,7 +377,7 @@ def eval_only(model_path, task, questions, trainer_kwargs, script_args, training
             "--eval_only evaluates without ZeRO-3 or FSDP (their shards are gathered only by train()'s engine): "
             "launch it without the sharded accelerate config."
         )
-    result = evaluate_heldout(trainer, task, questions, "eval", rows_file="evaluation_rows.json")
+    result = evaluate_heldout(trainer, task, questions, "eval", rows_file="evaluation.jsonl")
     if not trainer.accelerator.is_main_process:
         return None
     output_dir = Path(training_args.output_dir)
@@ -395,7 +395,7 @@ def eval_only(model_path, task, questions, trainer_kwargs, script_args, training
     print(
         f"held-out solver accuracy, {len(questions)} questions x {training_args.eval_num_samples} sample(s): "
         f"{result.accuracy:.3f}" + (f"; {groups}" if groups else "") + f"\nreport in {output_dir}: evaluation.json, "
-        "evaluation_rows.json"
+        "evaluation.jsonl"
     )
     return None
 

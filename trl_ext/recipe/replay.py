@@ -8,6 +8,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from trl import get_peft_config
 
+from ..evaluation.records import write_jsonl
 from ..rewards import make_accuracy_reward, make_format_reward
 from ..trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 from .cli import (
@@ -175,7 +176,7 @@ def main(script_args, training_args, model_args):
 
 def eval_only(model_path, evaluation, script_args, training_args, model_args):
     """`--eval_only`: the trainer's held-out evaluation of `model_path` (a model, or a LoRA adapter merged into its
-    base) with the run's rewards: `evaluation.json` (metrics, n, settings) and `evaluation_rows.json` (every
+    base) with the run's rewards: `evaluation.json` (metrics, n, settings) and `evaluation.jsonl` (one line per question: every
     sample's rewards and success)."""
     if evaluation is None:
         raise ValueError("--eval_only needs held-out rows: give --num_eval_samples or a --dataset_test_split.")
@@ -206,7 +207,7 @@ def eval_only(model_path, evaluation, script_args, training_args, model_args):
         for i, row in enumerate(evaluation)
     ]
     output_dir = Path(training_args.output_dir)
-    write_json(output_dir / "evaluation_rows.json", rows)
+    write_jsonl(output_dir / "evaluation.jsonl", rows)
     write_json(
         output_dir / "evaluation.json",
         {
@@ -219,7 +220,7 @@ def eval_only(model_path, evaluation, script_args, training_args, model_args):
     )
     shown = ", ".join(f"{key} {value:.4g}" for key, value in metrics.items() if isinstance(value, (int, float)))
     print(
-        f"{len(evaluation)} questions x {k} sample(s): {shown}\nreport in {output_dir}: evaluation.json, evaluation_rows.json"
+        f"{len(evaluation)} questions x {k} sample(s): {shown}\nreport in {output_dir}: evaluation.json, evaluation.jsonl"
     )
 
 

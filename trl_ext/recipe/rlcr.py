@@ -319,13 +319,13 @@ def _ci(report, name, value) -> str:
 
 
 def metrics_line(result, indent: str = "") -> str:
-    """Accuracy, ECE, Brier, AUROC, Brier skill (and within groups) with their intervals, on two lines."""
+    """n, accuracy, ECE, Brier, AUROC, Brier skill (and within groups) with their intervals, on two lines."""
     r = result.report
     accuracy = _num(result.accuracy)
     if result.accuracy_interval:
         accuracy += f" [{_num(result.accuracy_interval[0])}, {_num(result.accuracy_interval[1])}]"
     line = (
-        f"accuracy {accuracy}  ECE {_ci(r, 'ece', r.ece)}  Brier {_ci(r, 'brier', r.brier)}  "
+        f"n {len(result.rows)}  accuracy {accuracy}  ECE {_ci(r, 'ece', r.ece)}  Brier {_ci(r, 'brier', r.brier)}  "
         f"AUROC {_ci(r, 'auroc', r.auroc)}  confidence parse failures {result.confidence_parse_fail_rate:.0%}"
         f"\n{indent}Brier skill {_ci(r, 'brier_skill', r.brier_skill)}"
     )

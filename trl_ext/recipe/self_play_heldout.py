@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..evaluation.records import write_jsonl
 from ..evaluation.solver import require_scores, solver_evaluation
 from .outputs import write_json
 
@@ -27,7 +28,7 @@ def evaluate_heldout(trainer, task, questions, name, reuse_last=False, rows_file
     """The solver's held-out accuracy through the trainer's held-out evaluation (`trainer.evaluate()`, a collective:
     every process calls it); the main process writes every question, reply and score to `heldout_<name>.json`.
     `reuse_last`: the model was evaluated last at this step (the final `--eval_steps` evaluation): its records are
-    reported instead of generating them again. `rows_file`: another file name than `heldout_<name>.json`."""
+    reported instead of generating them again. `rows_file`: another file name than `heldout_<name>.json` (`.jsonl`: the rows alone, one a line)."""
     if not reuse_last:
         trainer.evaluate([dict(question) for question in questions])
     k = trainer.args.eval_num_samples
@@ -38,7 +39,10 @@ def evaluate_heldout(trainer, task, questions, name, reuse_last=False, rows_file
     result = solver_evaluation(task, samples, scores, [r["reply"] for r in records])
     if trainer.accelerator.is_main_process:
         path = Path(trainer.args.output_dir) / (rows_file or f"heldout_{name}.json")
-        write_json(path, {**result.to_dict(), "rows": result.rows})
+        if path.suffix == ".jsonl":
+            write_jsonl(path, result.rows)
+        else:
+            write_json(path, {**result.to_dict(), "rows": result.rows})
     return result
 
 
