@@ -250,8 +250,10 @@ class AbsoluteZeroTrainer(
                 "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
                 "proposer": (args.proposer_generation_kwargs, None),
             },
+            {"proposer": self._proposer_temperature},
         )
         use_turn_generation(self, self._generation["solver"])
+        self._set_kind_temperatures({PROPOSER: self._proposer_temperature})
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
         self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
@@ -282,6 +284,12 @@ class AbsoluteZeroTrainer(
             self._criteria = None  # the default depends on the group size, which differs in evaluation
         self.task_state = task_state
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
+
+    @property
+    def _proposer_temperature(self) -> float:
+        """The proposer's sampling temperature, at which its rows are scored too."""
+        temperature = self.args.proposer_temperature
+        return self.temperature if temperature is None else temperature
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
@@ -681,6 +689,7 @@ class AbsoluteZeroTrainer(
                 _logs=_empty_logs(),
             ),
             self._replaying(rows, real.unsqueeze(1)),
+            self._fused_heads.at(self._proposer_temperature),  # old and reference log-probs at its temperature
         ):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device

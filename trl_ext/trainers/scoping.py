@@ -24,8 +24,11 @@ class TurnGeneration:
     `config`."""
 
 
-def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) -> dict[str, TurnGeneration]:
-    """Each turn's settings, from `{turn: (generation_kwargs, regex)}`.
+def turn_generations(
+    trainer, turns: dict[str, tuple[dict | None, str | None]], temperatures: dict[str, float] | None = None
+) -> dict[str, TurnGeneration]:
+    """Each turn's settings, from `{turn: (generation_kwargs, regex)}` and the sampling temperature of the turns that
+    have their own (`temperatures`; the others: the trainer's `temperature`).
 
     `GRPOTrainer.__init__` must have run with `args.generation_kwargs` scoped to None (it would bake them into every
     turn): the transformers generate kwargs it keeps are then TRL's defaults alone, onto which each turn's own kwargs
@@ -34,10 +37,13 @@ def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) 
     settings = {}
     for name, (kwargs, regex) in turns.items():
         kwargs = dict(kwargs or {})
+        temperature = (temperatures or {}).get(name)
         if trainer.use_vllm:
-            settings[name] = TurnGeneration(kwargs, regex)
+            settings[name] = TurnGeneration(kwargs, regex, temperature=temperature)
         else:
             merged = {**trainer.generation_kwargs, **kwargs}
+            if temperature is not None:
+                merged["temperature"] = float(temperature)
             settings[name] = TurnGeneration(kwargs, regex, GenerationConfig(**merged, disable_compile=True), merged)
     return settings
 
