@@ -674,7 +674,8 @@ class AbsoluteZeroTrainer(
         local = local_rows(self.accelerator, per_process)
         rows = [groups[p].proposals[i] for p, i in slots][local]
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
-        # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
+        # The proposer's reward is given, not computed: one reward named after its mode (logged under
+        # `proposer/rewards/<mode>/`), groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
         with (
             scoped_call(
@@ -683,7 +684,7 @@ class AbsoluteZeroTrainer(
                 prefix="proposer",
                 num_generations=1,
                 num_generations_eval=1,
-                reward_func_names=["proposer"],
+                reward_func_names=[args.proposer_reward_mode],
                 reward_weights=torch.ones(1),
                 multi_objective_aggregation="sum_then_normalize",
                 _logs=_empty_logs(),

@@ -137,15 +137,25 @@ def scoped_call(
             else:
                 delattr(trainer, name)
         if prefix is not None:
-            metrics = trainer._metrics[mode]
-            for key in list(metrics):
-                values, start = metrics[key], before.get(key, 0)
-                if key == "num_tokens" or len(values) <= start:
-                    continue
-                metrics[f"{prefix}/{key}"].extend(values[start:])
-                del values[start:]
-                if not values:
-                    del metrics[key]
+            _move_new_metrics(trainer._metrics[mode], before, prefix)
+
+
+def _move_new_metrics(metrics: dict, before: dict[str, int], prefix: str) -> None:
+    """Move the values appended to `metrics` since `before` (each key's length then) under `prefix/`.
+
+    Every move is decided before any is made: with `logging_steps > 1` the metrics hold earlier steps' `prefix/` keys
+    until the next log, and a value moved into one of them must not count as appended to it (and move again)."""
+    taken = {}
+    for key in list(metrics):
+        values, start = metrics[key], before.get(key, 0)
+        if key == "num_tokens" or len(values) <= start:
+            continue
+        taken[key] = values[start:]
+        del values[start:]
+        if not values:
+            del metrics[key]
+    for key, values in taken.items():
+        metrics[f"{prefix}/{key}"].extend(values)
 
 
 def generation_length_settings(trainer) -> list[tuple[object, str]]:
