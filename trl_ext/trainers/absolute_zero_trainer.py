@@ -171,8 +171,9 @@ class AbsoluteZeroTrainer(
             (`absolute_zero_state.json`) and restored on resume.
         **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset` (held-out solver
             questions: each row the fields of a validated proposal, gold included, as `heldout_questions` gives them;
-            `evaluate()` answers them with the solver's settings and logs the first reward's mean as `accuracy`,
-            with mean@k, pass@k and `accuracy/task_type_<t>`, `accuracy/level_<l>`),
+            `evaluate()` logs TRL's evaluation loss and metrics of the solver's sampled groups on them, and answers
+            them with the solver's settings: the first reward's mean as `accuracy`, with mean@k, pass@k and
+            `accuracy/task_type_<t>`, `accuracy/level_<l>`),
             `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
             [`~trl.GRPOTrainer`]; `tools` and `environment_factory` (a callable or a dict of them, as
             [`~trl.GRPOTrainer`]) for the solver: each solver rollout gets its own environment, reset with the solver
@@ -581,6 +582,12 @@ class AbsoluteZeroTrainer(
     # -- the self-play batch -----------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
+        if mode == "eval":
+            # TRL's evaluation loop (`evaluate()`) runs over the held-out questions, not seed prompts: its loss and
+            # metrics are the solver's GRPO batch on them, prompted as the held-out evaluation prompts them.
+            return super()._generate_and_score_completions(
+                [{**row, "prompt": self.solver_prompt_fn(dict(row), {})} for row in inputs]
+            )
         args = self.args
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times

@@ -41,8 +41,8 @@ class TrlExtGRPOConfig(GRPOConfig):
         eval_num_samples (`int`, *optional*, defaults to `1`):
             Completions sampled per evaluation question (k, for mean@k and pass@k). Above 1 it needs
             `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`. TRL's
-            `num_generations_eval`, the group size of TRL's own evaluation loop (which the held-out evaluation
-            replaces), defaults to it, so TRL's eval batch-size check reads this count.
+            `num_generations_eval`, the group size of TRL's own evaluation loop (which `evaluate()` runs too, for
+            its loss), defaults to it, so TRL's eval batch-size check reads this count.
     """
 
     activation_checkpointing: bool | None = field(

@@ -93,8 +93,9 @@ class RLCRMultiTurnTrainer(
             `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a conversational `prompt` column
             and the gold answer in `args.solution_column`.
 
-    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) answers `eval_dataset`'s questions, asks the
-    confidence turn on each answer, and logs accuracy and calibration (`_heldout_metrics`).
+    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) logs TRL's evaluation loss and metrics, and adds the
+    held-out metrics: it answers `eval_dataset`'s questions, asks the confidence turn on each answer, and logs
+    accuracy and calibration (`_heldout_metrics`).
 
     Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
     with the row kind in `row_kind` (0 answer, 1 confidence), the row's family in `family` (the
