@@ -30,6 +30,10 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
     (`proposer_rows="selected"`) or `P * num_questions_per_prompt` (`"all"`), padded with zero-loss rows so each
     process holds a multiple of `steps_per_generation`.
 
+    Lengths: each round generates proposals of up to `max_question_length` tokens (128) and solver responses of up to
+    `max_completion_length` (TRL's default, 512). For a small model or a CPU run, set them to what the replies need
+    (the CPU recipe uses 32 and 24).
+
     Parameters:
         num_questions_per_prompt (`int`, *optional*, defaults to `3`):
             `K`, proposals per seed prompt (a question group). At least 2: a group of one is always uniform.

@@ -52,7 +52,13 @@ from ..self_play.base import tagged_question_parser, template_fields, template_s
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
+from .init_checks import (
+    check_conversational_prompts,
+    check_not_empty,
+    checked_args,
+    refuse_rollout_func,
+    user_message_prompts,
+)
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .row_kind_forwards import KindRows, RowKindForwards
@@ -169,7 +175,8 @@ class AbsoluteZeroTrainer(
             are built from it, parsed proposals are validated through it (each process its share, verdicts
             gathered), each training batch's valid questions update it, and it is saved in every checkpoint
             (`absolute_zero_state.json`) and restored on resume.
-        **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset` (held-out solver
+        **kwargs: `train_dataset` (seed prompts: a `prompt` column, conversations or plain text taken as one user
+            message), `eval_dataset` (held-out solver
             questions: each row the fields of a validated proposal, gold included, as `heldout_questions` gives them;
             `evaluate()` logs TRL's evaluation loss and metrics of the solver's sampled groups on them, and answers
             them with the solver's settings: the first reward's mean as `accuracy`, with mean@k, pass@k and
@@ -233,6 +240,7 @@ class AbsoluteZeroTrainer(
                 "reward_funcs must hold at least one solver reward function (e.g. a numeric match), unless an "
                 "environment_factory whose environment defines `get_reward` scores the solver."
             )
+        kwargs["train_dataset"] = user_message_prompts(kwargs.get("train_dataset"))  # plain text: one user message
         check_conversational_prompts(
             kwargs.get("train_dataset"),
             "train_dataset",

@@ -24,6 +24,10 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     trains on `B * G_a * (1 + G_c)` rows, and each optimisation micro-batch holds `(1 + G_c)` times
     `per_device_train_batch_size` rows.
 
+    Lengths: each step generates and scores answers of up to `max_completion_length` tokens (TRL's default, 512) and
+    confidences of up to `max_confidence_length` (256). Those defaults suit reasoning models on GPUs; for a small
+    model or a CPU run, set them to what the replies need (the CPU recipe uses 16 and 12).
+
     Parameters:
         num_generations_answer (`int`, *optional*):
             Number of answers per prompt, `G_a`. An alias of `num_generations`; when set, it overrides it.

@@ -46,7 +46,13 @@ from ..rewards.verify import verify_answer
 from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
 from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
+from .init_checks import (
+    check_conversational_prompts,
+    check_datasets,
+    checked_args,
+    refuse_rollout_func,
+    user_message_prompts,
+)
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
@@ -90,8 +96,9 @@ class RLCRMultiTurnTrainer(
         accuracy_func: `f(gold: str, prediction: str) -> bool` deciding correctness. Defaults to
             [`~trl_ext.rewards.verify_answer`] (math_verify with a normalised exact-match fallback).
         **kwargs: `train_dataset`, `eval_dataset`, `processing_class`, `reward_processing_classes`, `callbacks`,
-            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a conversational `prompt` column
-            and the gold answer in `args.solution_column`.
+            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a `prompt` column (a
+            conversation, or plain text, taken as one user message: the confidence turn continues the conversation
+            through the chat template) and the gold answer in `args.solution_column`.
 
     `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) logs TRL's evaluation loss and metrics, and adds the
     held-out metrics: it answers `eval_dataset`'s questions, asks the confidence turn on each answer, and logs
@@ -138,6 +145,8 @@ class RLCRMultiTurnTrainer(
                     "as model text; a tool transcript inside it is not modelled. For tool episodes use "
                     "ReplayGRPOTrainer or AbsoluteZeroTrainer."
                 )
+        for split in ("train_dataset", "eval_dataset"):  # plain-text prompts become one user message each
+            kwargs[split] = user_message_prompts(kwargs.get(split))
         check_datasets(
             kwargs,
             partial(
