@@ -136,8 +136,18 @@ def test_the_trainers_eval_dataset_and_trl_loop_metrics_are_kept(tmp_path, train
     metrics = trainer.evaluate()
     assert math.isfinite(metrics["eval_loss"]) and "eval_reward" in metrics
     assert f"eval_{HELDOUT[trainer_name]}" in metrics
+    # two evaluation batches, one log: the second turn's metrics keep one prefix
+    assert not [key for key in metrics if "confidence/confidence" in key or "proposer/proposer" in key]
     if trainer_name == "rlcr":  # the sampled rollouts' accuracy, kept under its own name
         assert "eval_rollout/answer/accuracy" in metrics and "eval_confidence/reward" in metrics
+
+
+@pytest.mark.parametrize("trainer_name", list(TRAINERS))
+def test_a_list_of_rows(tmp_path, trainer_name):
+    """The recipes pass lists of rows (Absolute Zero's `heldout_questions` become one)."""
+    trainer, split = TRAINERS[trainer_name](tmp_path)
+    metrics = trainer.evaluate([dict(row) for row in split])
+    assert math.isfinite(metrics["eval_loss"]) and f"eval_{HELDOUT[trainer_name]}" in metrics
 
 
 def test_the_heldout_metric_is_the_heldout_evaluations(tmp_path):
