@@ -40,10 +40,10 @@ logger = logging.getLogger(__name__)
 
 
 class HeldoutEvaluation:
-    """Mixin for a `GRPOTrainer` subclass (listed before it): `evaluate()` runs the held-out evaluation."""
+    """Mixin for a `GRPOTrainer` subclass (listed before it): `evaluate()` adds the held-out evaluation to TRL's."""
 
     heldout_records: list[dict] | None = None
-    """The per-sample records of the last split `evaluate()` ran (every process's samples, in question order,
+    """The per-sample records of the last split `evaluate()` (or `heldout_evaluate()`) ran (every process's samples, in question order,
     `eval_num_samples` per question; identical on every process), for reports and plots beyond the logged metrics."""
     heldout_step: int | None = None
     """The training step (`state.global_step`) at which those records were made."""
@@ -65,8 +65,7 @@ class HeldoutEvaluation:
             The metrics, as logged in one entry of `trainer.state.log_history`. Where a metric of TRL's evaluation
             loop (its sampled rollouts) has the name of a held-out one, it is logged as `<prefix>_rollout/<name>`.
         """
-        override = eval_dataset is not None
-        dataset = eval_dataset if override else self.eval_dataset
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(dataset, dict):
             metrics = {}
             for name, split in dataset.items():
