@@ -208,6 +208,8 @@ def run(config, path):
         "rlcr_packed": partial(rlcr_trainer, share_prefix=True),
         # a KL anchor on the answers only: the confidence turn skips its reference pass on every rank
         "rlcr_kl_answers": partial(rlcr_trainer, share_prefix=True, beta=0.1, confidence_beta=0.0),
+        # the confidence turn at its own temperature: each kind packed and scored at its temperature on every rank
+        "rlcr_temperatures": partial(rlcr_trainer, share_prefix=True, temperature=0.7, confidence_temperature=1.3),
         "replay": replay_trainer,
         "absolute_zero": absolute_zero_trainer,
     }[name]
