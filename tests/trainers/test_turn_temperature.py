@@ -13,6 +13,7 @@ from trl_ext.models.logprob_tiles import FusedHeadTemperatures
 from trl_ext.testing import (
     BatchRecorder,
     LoopbackVLLMServer,
+    ScriptedGeneration,
     cpu_test_args,
     tiny_causal_lm,
     tiny_checkpoint,
@@ -266,3 +267,20 @@ def test_a_temperature_in_generation_kwargs_is_refused(tmp_path, config, field, 
 def test_a_turn_temperature_must_be_positive(tmp_path, config, field, value):
     with pytest.raises(ValueError, match=field):
         cpu_test_args(tmp_path, config, **{field: value})
+
+
+def test_transformers_generation_samples_each_turn_at_its_temperature(tmp_path):
+    model, tokenizer = tiny_causal_lm()
+    trainer = rlcr(tmp_path, model, tokenizer, temperature=ANSWER_T, confidence_temperature=SECOND_T, max_steps=1)
+    sampled = []
+
+    def script(prompt_text, k):
+        second_turn = "confidence" in prompt_text.split("<|im_start|>user")[-1]
+        sampled.append((second_turn, trainer.generation_config.temperature))
+        return "<confidence>0.5</confidence>" if second_turn else "<answer>1</answer>"
+
+    with ScriptedGeneration(trainer, script):
+        trainer.train()
+    assert {t for second, t in sampled if not second} == {ANSWER_T}
+    assert {t for second, t in sampled if second} == {SECOND_T}
+    assert trainer.generation_config.temperature == ANSWER_T  # the answer turn's settings are back
