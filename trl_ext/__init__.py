@@ -40,9 +40,11 @@ _LAZY = {
     "DEFAULT_MODEL_NAME": "models.default_model",
     "default_model_path": "models.default_model",
     "use_tool_chat_template": "models.chat_template",
+    "ANSWER_FORMAT": "data.graded_arithmetic",
 }
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real objects
+    from .data.graded_arithmetic import ANSWER_FORMAT
     from .environments import WorkspaceEnvironment
     from .evaluation.calibration import calibration_report, expected_calibration_error
     from .models.chat_template import use_tool_chat_template
@@ -72,6 +74,7 @@ def __dir__():
 
 
 __all__ = [
+    "ANSWER_FORMAT",
     "DEFAULT_MODEL_NAME",
     "AbsoluteZeroConfig",
     "AbsoluteZeroTrainer",

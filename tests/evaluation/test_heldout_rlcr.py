@@ -88,21 +88,30 @@ def assert_metrics(metrics):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     trainer = make_trainer(tmp_path_factory.mktemp("rlcr_eval"))
-    settings = []
+    settings, spans, inside = [], [], [False]  # evaluate() also runs TRL's evaluation loop: mark the held-out part
+    heldout = trainer._heldout_evaluation
+
+    def tracked(*args, **kwargs):
+        start, inside[0] = len(gen.calls), True
+        try:
+            return heldout(*args, **kwargs)
+        finally:
+            spans.append((start, len(gen.calls)))
+            inside[0] = False
 
     def recording(prompt_text, k):
-        settings.append(
-            (trainer.model.training, trainer.generation_config.do_sample, trainer.generation_config.max_new_tokens)
-        )
+        settings.append((inside[0], trainer.generation_config.do_sample, trainer.generation_config.max_new_tokens))
         return script(prompt_text, k)
 
+    trainer._heldout_evaluation = tracked
     with ScriptedGeneration(trainer, recording) as gen:
         trainer.train()
-    return trainer, gen, settings
+    del trainer._heldout_evaluation
+    return trainer, gen, settings, spans
 
 
 def test_evaluates_at_every_eval_step_with_exact_metrics(trained):
-    trainer, _, _ = trained
+    trainer, _, _, _ = trained
     evaluations = [log for log in trainer.state.log_history if "eval_answer/accuracy" in log]
     assert [log["step"] for log in evaluations] == [1, 2]
     for log in evaluations:
@@ -113,14 +122,14 @@ def test_evaluates_at_every_eval_step_with_exact_metrics(trained):
 
 
 def test_greedy_answer_then_confidence_turn_per_answer(trained):
-    trainer, gen, settings = trained
-    # per training step: 2 calls (answers, confidences); per evaluation: 2 chunks x (answers, confidences)
-    eval_calls = [c for c in gen.calls if len(c.prompt_ids) in (1, 2) and c.num_generations == 1]
-    assert len(eval_calls) == 8
+    trainer, gen, settings, spans = trained
+    # per evaluation: 2 chunks x (answers, confidences)
+    eval_calls = [call for start, end in spans for call in gen.calls[start:end]]
+    assert len(eval_calls) == 8 and all(c.num_generations == 1 for c in eval_calls)
     answers, confidences = eval_calls[0], eval_calls[1]
     for prompt, answer, turn2 in zip(answers.prompt_ids, answers.completion_ids, confidences.prompt_ids):
         assert turn2[: len(prompt) + len(answer)] == prompt + answer  # the training turn's token concatenation
-    evaluation = [s for s in settings if not s[0]]
+    evaluation = [s for s in settings if s[0]]
     assert evaluation and all(not do_sample for _, do_sample, _ in evaluation)
     assert {length for _, _, length in evaluation} == {24, 12}
     assert trainer.generation_config.do_sample and trainer.generation_config.max_new_tokens == 24  # restored
@@ -138,7 +147,7 @@ def test_every_evaluation_writes_its_per_sample_records(trained):
 
 
 def test_evaluate_returns_the_logged_metrics(trained):
-    trainer, _, _ = trained
+    trainer, _, _, _ = trained
     with ScriptedGeneration(trainer, script):
         metrics = trainer.evaluate()
     assert_metrics(metrics)

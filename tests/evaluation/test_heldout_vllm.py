@@ -31,7 +31,7 @@ def evaluate_served(build, script):
     with LoopbackVLLMServer(model, tokenizer, script=script) as server, vllm_server_mode(server):
         trainer, _ = build(use_vllm=True, vllm_mode="server", vllm_server_base_url=server.base_url)
         temperature = trainer.vllm_generation.temperature
-        metrics = trainer.evaluate()
+        metrics = trainer.heldout_evaluate()  # the held-out evaluation's requests alone (no TRL evaluation loop)
     assert trainer.vllm_generation.temperature == temperature  # the training settings are back
     return trainer, metrics, [request["body"] for request in server.requests]
 
@@ -39,7 +39,7 @@ def evaluate_served(build, script):
 def evaluate_scripted(build):
     trainer, script = build()
     with ScriptedGeneration(trainer, script):
-        return trainer.evaluate()
+        return trainer.heldout_evaluate()
 
 
 def test_rlcr_greedy_requests_and_metrics():

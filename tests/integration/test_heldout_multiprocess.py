@@ -1,7 +1,8 @@
 """Two processes report the held-out metrics of one (tests/scripts/heldout_ranks.py): RLCR greedy (answers, then
 the confidence turn), Replay sampled (two samples per question) and Absolute Zero's solver (per level), five questions, so that the two ranks' shares are
 padded and answered in chunks. Scripted answers must give the single process's metrics on both ranks; the tiny
-model's real answers must give the same metrics on both ranks (and not hang)."""
+model's real answers must give the same metrics on both ranks (and not hang). `evaluate()`, which adds them to TRL's
+evaluation loss and metrics, gives the same on both ranks."""
 
 import math
 from pathlib import Path
@@ -45,6 +46,10 @@ def test_two_processes_report_the_metrics_of_one():
             logged = {k: v for k, v in rank[name]["logged"].items() if k not in ("step", "epoch")}
             same(rank[name]["real"], logged)  # returned as logged
         same(ranks[0][name]["real"], ranks[1][name]["real"])
+        # evaluate(): TRL's loss (gathered: the same on both ranks) with the held-out metrics
+        contract = [rank[name]["evaluate"] for rank in ranks]
+        assert contract[0] == contract[1] and math.isfinite(contract[0]["loss"])
+        assert "eval_loss" in contract[0]["keys"] and set(single[name]["real"]) <= set(contract[0]["keys"])
     # the same generation calls with the same row counts on both ranks: a share of 3 questions in chunks of 2 and 1
     assert ranks[0]["rlcr"]["calls"] == ranks[1]["rlcr"]["calls"] == [[2, 1], [2, 1], [1, 1], [1, 1]]
     assert ranks[0]["replay"]["calls"] == ranks[1]["replay"]["calls"] == [[4, 2], [2, 2]]

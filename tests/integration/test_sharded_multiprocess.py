@@ -21,7 +21,7 @@ from trl_ext.testing import run_torchrun
 pytest.importorskip("deepspeed")
 SCRIPT = Path(__file__).parents[1] / "scripts" / "sharded_steps.py"
 # rlcr: share_prefix=False; rlcr_packed: the default; rlcr_kl_answers: a reference model, none for the confidence turn
-TRAINERS = ("rlcr", "rlcr_packed", "rlcr_kl_answers", "replay", "absolute_zero")
+TRAINERS = ("rlcr", "rlcr_packed", "rlcr_kl_answers", "rlcr_temperatures", "replay", "absolute_zero")
 BACKENDS = ("zero3", "fsdp2")
 ENGINES = {"plain": "DistributedDataParallel", "zero3": "DeepSpeedEngine", "fsdp2": "FSDP2"}
 # DDP first, ZeRO-3 last: DeepSpeed's configuration outlives its trainer in the process (a later plain run would be

@@ -1,5 +1,6 @@
-"""Runs under torchrun: each trainer's held-out evaluation (`trainer.evaluate()`), scripted and real; reports per rank
-the metrics and the generation calls this rank made.
+"""Runs under torchrun: each trainer's held-out evaluation (`trainer.heldout_evaluate()`), scripted and real, then
+`trainer.evaluate()` (TRL's loss with the held-out metrics added); reports per rank the metrics and the generation calls
+this rank made.
 
 Usage: heldout_ranks.py TRAINER [TRAINER ...], each `rlcr`, `replay` or `absolute_zero` (the arithmetic family's
 solver on five of its held-out questions, one without gold, scored per level). Five questions: with two processes each
@@ -153,14 +154,17 @@ def numbers(metrics):
 def run(name):
     trainer, script = {"rlcr": rlcr_trainer, "replay": replay_trainer, "absolute_zero": absolute_zero_trainer}[name]()
     with ScriptedGeneration(trainer, script) as generation:
-        scripted = trainer.evaluate()
-    real = trainer.evaluate()  # the tiny model's own answers (sampled for replay, seeded)
+        scripted = trainer.heldout_evaluate()
+    real = trainer.heldout_evaluate()  # the tiny model's own answers (sampled for replay, seeded)
+    logged = numbers(trainer.state.log_history[-1])
+    contract = trainer.evaluate()  # TRL's evaluation loss and metrics, the held-out ones added
     return {
         "world_size": trainer.accelerator.num_processes,
         "scripted": numbers(scripted),
         "real": numbers(real),
         "calls": [[len(call.prompt_ids), call.num_generations] for call in generation.calls],
-        "logged": numbers(trainer.state.log_history[-1]),
+        "logged": logged,
+        "evaluate": {"keys": sorted(contract), "loss": contract["eval_loss"]},
     }
 
 

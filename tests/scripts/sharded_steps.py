@@ -8,8 +8,9 @@ Usage: sharded_steps.py CONFIG [CONFIG ...], each CONFIG `TRAINER:BACKEND[:nosyn
   broadcast as FSDP wraps the model; the other ranks' are perturbed first, so they must not matter).
 - nosync: switches off the gradient reduce-scatter of zero3 and fsdp2 (each rank keeps its own gradient shard), a
   negative control: the figures must move.
-- eval (RLCR): after training, the held-out evaluation (`trainer.evaluate()`) on three questions with the model's own
-  greedy answers (not scripted): a share of two per rank, rank 1's padded; reports its metrics.
+- eval (RLCR): after training, `trainer.evaluate()` on three questions: TRL's evaluation loss and the held-out
+  evaluation with the model's own greedy answers (not scripted), a share of two per rank, rank 1's padded; reports its
+  metrics (timings left out).
 
 Every configuration has the same global batch whatever the number of processes: `per_device_train_batch_size` is
 the global figure divided by the number of processes, so one process and two make the same steps. Each rank holds
@@ -95,6 +96,8 @@ EVAL_QUESTIONS = Dataset.from_list(
         for q, s in [("1+2", "3"), ("4+4", "8"), ("2+5", "7")]
     ]
 )
+# evaluate()'s timings differ between processes; every other metric must agree
+TIMES = ("_seconds", "_runtime", "_per_second", "_preparation_time")
 
 
 def replay_trainer(output_dir, model, **backend):
@@ -205,6 +208,8 @@ def run(config, path):
         "rlcr_packed": partial(rlcr_trainer, share_prefix=True),
         # a KL anchor on the answers only: the confidence turn skips its reference pass on every rank
         "rlcr_kl_answers": partial(rlcr_trainer, share_prefix=True, beta=0.1, confidence_beta=0.0),
+        # the confidence turn at its own temperature: each kind packed and scored at its temperature on every rank
+        "rlcr_temperatures": partial(rlcr_trainer, share_prefix=True, temperature=0.7, confidence_temperature=1.3),
         "replay": replay_trainer,
         "absolute_zero": absolute_zero_trainer,
     }[name]
@@ -258,7 +263,7 @@ def run(config, path):
         "loaded": loaded,
         "rows": rows.hexdigest(),
         "kinds": kinds,
-        "eval": evaluation and {key: value for key, value in evaluation.items() if key != "eval_seconds"},
+        "eval": evaluation and {key: value for key, value in evaluation.items() if not key.endswith(TIMES)},
         **{key: [log[key] for log in logs] for key in ("loss", "grad_norm")},
     }
 

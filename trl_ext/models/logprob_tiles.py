@@ -15,11 +15,15 @@ Without it, two things cost CPU users:
 `cpu_logprob_tiles` scores only the labelled positions on CPU (TRL's own Triton-path selection, `labels != -100`) in
 tiles of at most `cpu_logprob_tile_tokens` tokens: the same values from fewer and smaller matrix products.
 `CPULogprobTiles` applies it to each training step and evaluation, and restores TRL's settings after.
+
+TRL's fused head divides the logits by the one temperature it was given at init (`args.temperature`).
+`FusedHeadTemperatures` scores the rows of a turn sampled at another temperature at that one (RLCR's confidence
+turn, Absolute Zero's proposer), so their log-probs are those of the distribution they were sampled from.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import trl.kernels.chunked_logprob as chunked_logprob
 import trl.trainer.utils as trl_utils
@@ -62,3 +66,44 @@ class CPULogprobTiles:
     def evaluate(self, *args, **kwargs):
         with self._cpu_logprob_tiles():
             return super().evaluate(*args, **kwargs)
+
+
+class FusedHeadTemperatures:
+    """The fused LM heads TRL added to `modules` (`(module, outputs)` pairs, as TRL patched them: the policy with
+    `("log_probs", "entropy")`, a reference model with `("log_probs",)`), at any temperature.
+
+    `at(t)` scopes every module's forward to a fused head dividing by `t`: TRL's own `add_fused_lm_head`, applied on
+    top of TRL's (its unfused path, which generation takes, falls through to it), built once per temperature. At
+    `base` (the temperature TRL patched them with) TRL's heads are used as they are.
+    """
+
+    def __init__(self, modules: list[tuple[object, tuple[str, ...]]], base: float, cast_lm_head_to_fp32: bool):
+        self.base, self.cast_lm_head_to_fp32 = float(base), cast_lm_head_to_fp32
+        self._heads = []  # (module, outputs, {temperature: forward})
+        for module, outputs in modules:
+            if "forward" not in vars(module):
+                raise RuntimeError(f"{type(module).__name__} has no fused LM head: TRL patches it at init.")
+            self._heads.append((module, outputs, {self.base: vars(module)["forward"]}))
+
+    def at(self, temperature: float | None):
+        """Within the block, the fused heads divide the logits by `temperature` (`None`: the base one)."""
+        if temperature is None or float(temperature) == self.base:
+            return nullcontext()
+        return self._scoped(float(temperature))
+
+    @contextmanager
+    def _scoped(self, temperature: float):
+        saved = [(module, vars(module)["forward"]) for module, _, _ in self._heads]
+        for module, outputs, forwards in self._heads:
+            if temperature not in forwards:
+                module.forward = forwards[self.base]
+                trl_utils.add_fused_lm_head(
+                    module, temperature=temperature, cast_lm_head_to_fp32=self.cast_lm_head_to_fp32, outputs=outputs
+                )
+                forwards[temperature] = vars(module)["forward"]
+            module.forward = forwards[temperature]
+        try:
+            yield
+        finally:
+            for module, forward in saved:
+                module.forward = forward

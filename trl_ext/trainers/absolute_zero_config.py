@@ -25,6 +25,10 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
     (`proposer_rows="selected"`) or `P * num_questions_per_prompt` (`"all"`), padded with zero-loss rows so each
     process holds a multiple of `steps_per_generation`.
 
+    Lengths: each round generates proposals of up to `max_question_length` tokens (128) and solver responses of up to
+    `max_completion_length` (TRL's default, 512). For a small model or a CPU run, set them to what the replies need
+    (the CPU recipe uses 32 and 24).
+
     Parameters:
         num_questions_per_prompt (`int`, *optional*, defaults to `3`):
             `K`, proposals per seed prompt (a question group). At least 2: a group of one is always uniform.
@@ -60,6 +64,12 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             Scales the proposer rows' advantages in the loss.
         max_question_length (`int`, *optional*, defaults to `128`):
             Maximum number of tokens generated for a proposal (solver responses use `max_completion_length`).
+        proposer_temperature (`float`, *optional*):
+            Sampling temperature of the proposer; `None` uses `temperature` (the solver's). The proposer rows'
+            log-probs (old, reference and in the loss) are computed at it too, so the update stays on-policy and
+            vLLM's importance-sampling correction sees the distribution the proposals were sampled from. A
+            temperature in `proposer_generation_kwargs` (or `generation_kwargs`) is refused: set this field (or
+            `temperature`) instead.
         proposer_generation_kwargs (`dict`, *optional*):
             Generation kwargs of the proposer, as `generation_kwargs` (vLLM `SamplingParams`/request fields such as
             `stop` or `structured_outputs`, or `GenerationConfig` fields). `generation_kwargs` and
@@ -115,6 +125,10 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
     )
     proposer_loss_weight: float = field(default=1.0, metadata={"help": "Scale of the proposer rows' advantages."})
     max_question_length: int = field(default=128, metadata={"help": "Maximum tokens generated for a proposal."})
+    proposer_temperature: float | None = field(
+        default=None,
+        metadata={"help": "Sampling temperature of the proposer (None: temperature); its log-probs use it too."},
+    )
     proposer_generation_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Generation kwargs of the proposer (generation_kwargs: the solver's only)."},
@@ -147,8 +161,17 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             raise ValueError(f"max_repropose_attempts must be >= 0 (got {self.max_repropose_attempts}).")
         if self.max_question_length < 1:
             raise ValueError(f"max_question_length must be positive (got {self.max_question_length}).")
-        self.check_generation_kwargs("generation_kwargs", "max_completion_length")
-        self.check_generation_kwargs("proposer_generation_kwargs", "max_question_length")
+        self.check_generation_kwargs("generation_kwargs", "max_completion_length", temperature_field="temperature")
+        self.check_generation_kwargs(
+            "proposer_generation_kwargs", "max_question_length", temperature_field="proposer_temperature"
+        )
+        if self.proposer_temperature is not None and not (
+            self.proposer_temperature > 0 and math.isfinite(self.proposer_temperature)
+        ):
+            raise ValueError(
+                f"proposer_temperature must be a positive, finite sampling temperature or None (got "
+                f"{self.proposer_temperature}): the proposer rows' log-probs are computed at it."
+            )
         if self.proposer_reward_mode not in MODES:
             raise ValueError(f"proposer_reward_mode must be one of {MODES} (got {self.proposer_reward_mode!r}).")
         if self.proposer_rows not in PROPOSER_ROWS:

@@ -53,7 +53,13 @@ from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import check_conversational_prompts, check_not_empty, checked_args, refuse_rollout_func
+from .init_checks import (
+    check_conversational_prompts,
+    check_not_empty,
+    checked_args,
+    refuse_rollout_func,
+    user_message_prompts,
+)
 from .model_card import ModelCardMixin
 from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
 from .row_kind_forwards import KindRows, RowKindForwards
@@ -171,10 +177,12 @@ class AbsoluteZeroTrainer(
             are built from it, parsed proposals are validated through it (each process its share, verdicts
             gathered), each training batch's valid questions update it, and it is saved in every checkpoint
             (`absolute_zero_state.json`) and restored on resume.
-        **kwargs: `train_dataset` (seed prompts: a conversational `prompt` column), `eval_dataset` (held-out solver
+        **kwargs: `train_dataset` (seed prompts: a `prompt` column, conversations or plain text taken as one user
+            message), `eval_dataset` (held-out solver
             questions: each row the fields of a validated proposal, gold included, as `heldout_questions` gives them;
-            `evaluate()` answers them with the solver's settings and logs the first reward's mean as `accuracy`,
-            with mean@k, pass@k and `accuracy/task_type_<t>`, `accuracy/level_<l>`),
+            `evaluate()` logs TRL's evaluation loss and metrics of the solver's sampled groups on them, and answers
+            them with the solver's settings: the first reward's mean as `accuracy`, with mean@k, pass@k and
+            `accuracy/task_type_<t>`, `accuracy/level_<l>`),
             `processing_class`, `reward_processing_classes`, `callbacks`, `optimizers`, `peft_config`, as
             [`~trl.GRPOTrainer`]; `tools` and `environment_factory` (a callable or a dict of them, as
             [`~trl.GRPOTrainer`]) for the solver: each solver rollout gets its own environment, reset with the solver
@@ -234,6 +242,7 @@ class AbsoluteZeroTrainer(
                 "reward_funcs must hold at least one solver reward function (e.g. a numeric match), unless an "
                 "environment_factory whose environment defines `get_reward` scores the solver."
             )
+        kwargs["train_dataset"] = user_message_prompts(kwargs.get("train_dataset"))  # plain text: one user message
         check_conversational_prompts(
             kwargs.get("train_dataset"),
             "train_dataset",
@@ -252,8 +261,10 @@ class AbsoluteZeroTrainer(
                 "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
                 "proposer": (args.proposer_generation_kwargs, None),
             },
+            {"proposer": self._proposer_temperature},
         )
         use_turn_generation(self, self._generation["solver"])
+        self._set_kind_temperatures({PROPOSER: self._proposer_temperature})
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
         self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
@@ -284,6 +295,12 @@ class AbsoluteZeroTrainer(
             self._criteria = None  # the default depends on the group size, which differs in evaluation
         self.task_state = task_state
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
+
+    @property
+    def _proposer_temperature(self) -> float:
+        """The proposer's sampling temperature, at which its rows are scored too."""
+        temperature = self.args.proposer_temperature
+        return self.temperature if temperature is None else temperature
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
@@ -575,6 +592,12 @@ class AbsoluteZeroTrainer(
     # -- the self-play batch -----------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
+        if mode == "eval":
+            # TRL's evaluation loop (`evaluate()`) runs over the held-out questions, not seed prompts: its loss and
+            # metrics are the solver's GRPO batch on them, prompted as the held-out evaluation prompts them.
+            return super()._generate_and_score_completions(
+                [{**row, "prompt": self.solver_prompt_fn(dict(row), {})} for row in inputs]
+            )
         args = self.args
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
@@ -668,7 +691,8 @@ class AbsoluteZeroTrainer(
         local = local_rows(self.accelerator, per_process)
         rows = [groups[p].proposals[i] for p, i in slots][local]
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
-        # The proposer's reward is given, not computed: one "proposer" reward, groups of one (advantages set below).
+        # The proposer's reward is given, not computed: one reward named after its mode (logged under
+        # `proposer/rewards/<mode>/`), groups of one (advantages set below).
         # TRL's completions table stays about solver rows (its columns must have equal lengths).
         with (
             scoped_call(
@@ -677,12 +701,13 @@ class AbsoluteZeroTrainer(
                 prefix="proposer",
                 num_generations=1,
                 num_generations_eval=1,
-                reward_func_names=["proposer"],
+                reward_func_names=[args.proposer_reward_mode],
                 reward_weights=torch.ones(1),
                 multi_objective_aggregation="sum_then_normalize",
                 _logs=_empty_logs(),
             ),
             self._replaying(rows, real.unsqueeze(1)),
+            self._fused_heads.at(self._proposer_temperature),  # old and reference log-probs at its temperature
         ):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device

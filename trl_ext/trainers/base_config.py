@@ -41,8 +41,8 @@ class TrlExtGRPOConfig(GRPOConfig):
         eval_num_samples (`int`, *optional*, defaults to `1`):
             Completions sampled per evaluation question (k, for mean@k and pass@k). Above 1 it needs
             `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`. TRL's
-            `num_generations_eval`, the group size of TRL's own evaluation loop (which the held-out evaluation
-            replaces), defaults to it, so TRL's eval batch-size check reads this count.
+            `num_generations_eval`, the group size of TRL's own evaluation loop (which `evaluate()` runs too, for
+            its loss), defaults to it, so TRL's eval batch-size check reads this count.
     """
 
     activation_checkpointing: bool | None = field(
@@ -87,12 +87,20 @@ class TrlExtGRPOConfig(GRPOConfig):
             self.num_generations_eval = self.eval_num_samples
         super().__post_init__()
 
-    def check_generation_kwargs(self, name: str, length_field: str | None, one_per_request: bool = False) -> None:
+    def check_generation_kwargs(
+        self,
+        name: str,
+        length_field: str | None,
+        one_per_request: bool = False,
+        temperature_field: str | None = None,
+    ) -> None:
         """Refuse, naming `name`, generation kwargs that would override a setting of their turn or defeat a group.
 
         `length_field`: the setting that owns the turn's length (then `max_tokens`/`max_new_tokens` are refused).
         `one_per_request`: some rows of a group are sent one per request (`n=1`), where a fixed `seed` makes them
         identical; vLLM's colocate mode always does so.
+        `temperature_field`: the setting that owns the turn's temperature (then `temperature` is refused: the turn's
+        log-probs are computed at that setting, so a temperature given here would make training off-policy).
         """
         kwargs = getattr(self, name)
         if kwargs is None:
@@ -110,6 +118,11 @@ class TrlExtGRPOConfig(GRPOConfig):
                     f"{name}[{key!r}] would override {length_field}, the length this turn is generated with; remove "
                     f"it and set {length_field} instead."
                 )
+        if temperature_field is not None and "temperature" in kwargs:
+            raise ValueError(
+                f"{name}['temperature'] would sample this turn at a temperature its log-probs are not computed at "
+                f"(training would be off-policy); remove it and set {temperature_field} instead."
+            )
         if "seed" in kwargs and (one_per_request or (self.use_vllm and self.vllm_mode == "colocate")):
             raise ValueError(
                 f"{name}['seed'] gives every request the same seed, and here the rows of a group are sampled one per "

@@ -1,8 +1,10 @@
 """Held-out evaluation during training, on the trainer's own generation path (docs/recipes.md#held-out-evaluation-during-training).
 
-`HeldoutEvaluation` overrides `Trainer.evaluate`, which transformers calls every `eval_steps` under
-`eval_strategy="steps"` (and at the end of each epoch under `"epoch"`): instead of TRL's evaluation loss over
-`eval_dataset`, the trainer answers the evaluation questions and reports the metrics its paper does. Each process
+`HeldoutEvaluation` extends `Trainer.evaluate`, which transformers calls every `eval_steps` under
+`eval_strategy="steps"` (and at the end of each epoch under `"epoch"`): besides TRL's evaluation loss and metrics over
+`eval_dataset` (GRPOTrainer's contract: `eval_loss`, `eval_<name>_loss` for a dict of datasets), the trainer answers
+the evaluation questions and adds the metrics its paper reports to the same log. `heldout_evaluate()` runs the
+held-out evaluation alone. Each process
 takes an equal share of the questions (the last ones padded with copies of a real question, whose results are
 dropped), generates through `_generate_single_turn` (so vLLM server and colocate modes and transformers all work, and
 every process makes the same calls with the same row counts), scores its rows with the trainer's reward functions
@@ -22,6 +24,7 @@ the same number of generation calls whatever the rows) and `_heldout_metrics(row
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -38,29 +41,36 @@ from ..evaluation.solver import reply_message
 from .scoping import TurnGeneration, evaluation_generation, scoped_call
 
 
+logger = logging.getLogger(__name__)
+
+
 class HeldoutEvaluation:
-    """Mixin for a `GRPOTrainer` subclass (listed before it): `evaluate()` runs the held-out evaluation."""
+    """Mixin for a `GRPOTrainer` subclass (listed before it): `evaluate()` adds the held-out evaluation to TRL's."""
 
     heldout_records: list[dict] | None = None
-    """The per-sample records of the last split `evaluate()` ran (every process's samples, in question order,
+    """The per-sample records of the last split `evaluate()` (or `heldout_evaluate()`) ran (every process's samples, in question order,
     `eval_num_samples` per question; identical on every process), for reports and plots beyond the logged metrics."""
     heldout_step: int | None = None
     """The training step (`state.global_step`) at which those records were made."""
     heldout_group_column: str | None = DEFAULT_GROUP_COLUMN
     """The evaluation rows' column copied into each record as its `group` (the metrics within groups use it)."""
+    _warned_tools = False
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Answer the evaluation questions with the current model and log the trainer's held-out metrics.
+        """`GRPOTrainer.evaluate` (its loss and metrics over the evaluation set), with the trainer's held-out metrics
+        added to the same log: the evaluation questions answered by the current model (`heldout_evaluate`).
 
         Args:
-            eval_dataset: The questions (default: the trainer's `eval_dataset`); a dict of datasets evaluates each,
-                its name joining the prefix (`eval_<name>_...`), as `Trainer.evaluate` does.
-            ignore_keys: Unused (no model outputs are gathered).
-            metric_key_prefix: Prefix of the metric names (`eval`: `eval_answer/accuracy`, shown as
+            eval_dataset: The questions (default: the trainer's `eval_dataset`); a dict of datasets (or a
+                `DatasetDict`) evaluates each, its name joining the prefix (`eval_<name>_loss`,
+                `eval_<name>_answer/accuracy`), as `Trainer.evaluate` does.
+            ignore_keys: As `Trainer.evaluate`.
+            metric_key_prefix: Prefix of the metric names (`eval`: `eval_loss`, `eval_answer/accuracy`, shown as
                 `eval/answer/accuracy` by W&B and TensorBoard).
 
         Returns:
-            The metrics, as logged (also in `trainer.state.log_history`). Identical on every process.
+            The metrics, as logged in one entry of `trainer.state.log_history`. Where a metric of TRL's evaluation
+            loop (its sampled rollouts) has the name of a held-out one, it is logged as `<prefix>_rollout/<name>`.
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(dataset, dict):
@@ -68,12 +78,62 @@ class HeldoutEvaluation:
             for name, split in dataset.items():
                 metrics.update(self.evaluate(split, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
+        if isinstance(dataset, str):  # a name of the trainer's dict of datasets (Trainer's own recursion)
+            dataset = self.eval_dataset[dataset]
+        if self.tools:  # the held-out evaluation runs single turns; TRL's loop runs the tool episodes
+            if not self._warned_tools:
+                logger.warning("With tools, evaluate() reports TRL's evaluation loss and metrics only.")
+                self._warned_tools = True
+            heldout = {}
+        else:
+            heldout = self._heldout_evaluation(dataset, metric_key_prefix)
+        log = self.log
+
+        def log_with_heldout(logs, *args, **kwargs):
+            # TRL's log merges the evaluation loop's metrics (`_metrics["eval"]`, prefixed `eval_`) into `logs`
+            loop = self._metrics["eval"]
+            for key in [key for key in loop if f"eval_{key}" in heldout]:
+                loop[f"rollout/{key}"] = loop.pop(key)
+            logs.update(heldout)
+            return log(logs, *args, **kwargs)
+
+        was_training = self.model.training
+        try:
+            with scoped_call(self, log=log_with_heldout):
+                return super().evaluate(dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self.model.train(was_training)  # TRL's loop leaves the model in eval mode
+
+    def heldout_evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The held-out evaluation alone (no evaluation loss), logged: the metrics `evaluate()` adds to TRL's."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, dict):
+            metrics = {}
+            for name, split in dataset.items():
+                metrics.update(self.heldout_evaluate(split, f"{metric_key_prefix}_{name}"))
+            return metrics
+        logs = self._heldout_evaluation(dataset, metric_key_prefix)
+        was_training = self.model.training
+        # GRPOTrainer.log reads the mode from the model: in eval mode it adds (and clears) only eval metrics, such as
+        # the generation's `generation/prompts_over_context`, and leaves the training metrics for the next log.
+        self.model.eval()
+        try:
+            with scoped_call(self, log_completions=False):  # TRL's table holds training completions
+                self.log(dict(logs))
+        finally:
+            self.model.train(was_training)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, logs)
+        return logs
+
+    def _heldout_evaluation(self, dataset, metric_key_prefix: str) -> dict[str, float]:
+        """Answer the evaluation questions with the current model: the held-out metrics, prefixed, not logged.
+        Identical on every process."""
         if dataset is None:
             raise ValueError("evaluate() needs evaluation questions: pass eval_dataset to the trainer or the call.")
         if self.tools:
             raise ValueError(
                 "The held-out evaluation generates single turns; with tools or an environment_factory the solver's "
-                "episodes need TRL's tool loop, which it does not run. Set eval_strategy='no'."
+                "episodes need TRL's tool loop, which it does not run; evaluate() reports TRL's evaluation loss alone."
             )
         start = time.monotonic()
         rows = [dict(row) for row in dataset]
@@ -113,17 +173,7 @@ class HeldoutEvaluation:
             write_jsonl(Path(self.args.output_dir) / "heldout" / name, self.heldout_records)
         metrics = self._heldout_metrics(rows, self.heldout_records)
         metrics["seconds"] = time.monotonic() - start
-        logs = {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}
-        # GRPOTrainer.log reads the mode from the model: in eval mode it adds (and clears) only eval metrics, such as
-        # the generation's `generation/prompts_over_context`, and leaves the training metrics for the next log.
-        self.model.eval()
-        try:
-            with scoped_call(self, log_completions=False):  # TRL's table holds training completions
-                self.log(dict(logs))
-        finally:
-            self.model.train(was_training)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, logs)
-        return logs
+        return {f"{metric_key_prefix}_{name}": value for name, value in metrics.items()}
 
     @contextmanager
     def _heldout_scope(self):

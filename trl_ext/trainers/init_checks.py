@@ -22,6 +22,22 @@ def refuse_rollout_func(trainer_kwargs: dict, trainer_name: str, why: str) -> No
         raise ValueError(f"{trainer_name} does not support `rollout_func`: {why}")
 
 
+def user_message_prompts(dataset):
+    """`dataset` with plain-text prompts (TRL's standard format) turned into conversations of one user message, for
+    trainers whose turns go through the chat template; a dataset of conversations (or without a text `prompt`) is
+    returned as is. Takes a `Dataset`, an `IterableDataset`, a list of rows, or a dict of them (`DatasetDict`)."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, dict):
+        return type(dataset)({name: user_message_prompts(split) for name, split in dataset.items()})
+    first = next(iter(dataset), None)
+    if not isinstance(first, dict) or not isinstance(first.get("prompt"), str):
+        return dataset
+    if isinstance(dataset, list):
+        return [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} for row in dataset]
+    return dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+
+
 def check_datasets(trainer_kwargs: dict, check) -> None:
     """Run `check(dataset, split)` on the train and eval datasets passed to the trainer."""
     for split in ("train_dataset", "eval_dataset"):

@@ -166,8 +166,9 @@ class ReplayGRPOTrainer(
     declare an `environments` parameter keep the values recorded when the episode ran: the environment that ran it is
     gone (the one TRL draws for the replayed row is reset but never acted on).
 
-    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) answers `eval_dataset`'s prompts
-    (`eval_num_samples` each) and logs the success rate (`accuracy`, mean@k, pass@k) and each reward's mean.
+    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) logs TRL's evaluation loss and metrics, and adds the
+    held-out metrics: it answers `eval_dataset`'s prompts (`eval_num_samples` each) and logs the success rate
+    (`accuracy`, mean@k, pass@k) and each reward's mean.
 
     Batch keys added once replay groups exist: `exp_mask` (B, T), 1 on off-policy completion tokens;
     `old_per_token_logps` holding the recorded log-probs on those rows (and TRL's old log-probs on the others when it

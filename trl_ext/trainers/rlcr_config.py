@@ -24,6 +24,10 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     trains on `B * G_a * (1 + G_c)` rows, and each optimisation micro-batch holds `(1 + G_c)` times
     `per_device_train_batch_size` rows.
 
+    Lengths: each step generates and scores answers of up to `max_completion_length` tokens (TRL's default, 512) and
+    confidences of up to `max_confidence_length` (256). Those defaults suit reasoning models on GPUs; for a small
+    model or a CPU run, set them to what the replies need (the CPU recipe uses 16 and 12).
+
     Parameters:
         num_generations_answer (`int`, *optional*):
             Number of answers per prompt, `G_a`. An alias of `num_generations`; when set, it overrides it.
@@ -45,6 +49,12 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             per reward function passed to the trainer; the accuracy reward, which the trainer adds, takes this one.
         max_confidence_length (`int`, *optional*, defaults to `256`):
             Maximum number of tokens generated in the confidence turn (the answer turn uses `max_completion_length`).
+        confidence_temperature (`float`, *optional*):
+            Sampling temperature of the confidence turn; `None` uses `temperature` (the answer turn's). The confidence
+            rows' log-probs (old, reference and in the loss) are computed at it too, so the update stays on-policy and
+            vLLM's importance-sampling correction sees the distribution the confidences were sampled from. A
+            temperature in `confidence_generation_kwargs` (or `generation_kwargs`) is refused: set this field (or
+            `temperature`) instead.
         confidence_generation_kwargs (`dict`, *optional*):
             Generation kwargs of the confidence turn, as `generation_kwargs` (vLLM `SamplingParams`/request fields
             such as `stop` or `structured_outputs`, or `GenerationConfig` fields). `generation_kwargs` and
@@ -113,6 +123,10 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
     max_confidence_length: int = field(
         default=256, metadata={"help": "Maximum number of tokens generated in the confidence turn."}
     )
+    confidence_temperature: float | None = field(
+        default=None,
+        metadata={"help": "Sampling temperature of the confidence turn (None: temperature); its log-probs use it."},
+    )
     confidence_generation_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Generation kwargs of the confidence turn (generation_kwargs: the answer turn's only)."},
@@ -175,8 +189,17 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             )
         if self.max_confidence_length < 1:
             raise ValueError(f"max_confidence_length must be positive (got {self.max_confidence_length}).")
-        self.check_generation_kwargs("generation_kwargs", "max_completion_length")
-        self.check_generation_kwargs("confidence_generation_kwargs", "max_confidence_length")
+        self.check_generation_kwargs("generation_kwargs", "max_completion_length", temperature_field="temperature")
+        self.check_generation_kwargs(
+            "confidence_generation_kwargs", "max_confidence_length", temperature_field="confidence_temperature"
+        )
+        if self.confidence_temperature is not None and not (
+            self.confidence_temperature > 0 and math.isfinite(self.confidence_temperature)
+        ):
+            raise ValueError(
+                f"confidence_temperature must be a positive, finite sampling temperature or None (got "
+                f"{self.confidence_temperature}): the confidence rows' log-probs are computed at it."
+            )
         for name in ("lambda_ans", "lambda_conf"):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):

@@ -47,7 +47,13 @@ from .call_record import RecordsCalls
 from .context_limit import VLLMContextLimit
 from .generation_backends import GenerationBackends
 from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import check_conversational_prompts, check_datasets, checked_args, refuse_rollout_func
+from .init_checks import (
+    check_conversational_prompts,
+    check_datasets,
+    checked_args,
+    refuse_rollout_func,
+    user_message_prompts,
+)
 from .model_card import ModelCardMixin
 from .rlcr_config import RLCRMultiTurnConfig
 from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
@@ -92,11 +98,13 @@ class RLCRMultiTurnTrainer(
         accuracy_func: `f(gold: str, prediction: str) -> bool` deciding correctness. Defaults to
             [`~trl_ext.rewards.verify_answer`] (math_verify with a normalised exact-match fallback).
         **kwargs: `train_dataset`, `eval_dataset`, `processing_class`, `reward_processing_classes`, `callbacks`,
-            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a conversational `prompt` column
-            and the gold answer in `args.solution_column`.
+            `optimizers`, `peft_config`, as [`~trl.GRPOTrainer`]. The dataset needs a `prompt` column (a
+            conversation, or plain text, taken as one user message: the confidence turn continues the conversation
+            through the chat template) and the gold answer in `args.solution_column`.
 
-    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) answers `eval_dataset`'s questions, asks the
-    confidence turn on each answer, and logs accuracy and calibration (`_heldout_metrics`).
+    `evaluate()` (every `eval_steps` with `eval_strategy="steps"`) logs TRL's evaluation loss and metrics, and adds the
+    held-out metrics: it answers `eval_dataset`'s questions, asks the confidence turn on each answer, and logs
+    accuracy and calibration (`_heldout_metrics`).
 
     Batch rows: the `B * G_a` answer rows first, then the `B * G_a * G_c` confidence rows grouped by parent answer,
     with the row kind in `row_kind` (0 answer, 1 confidence), the row's family in `family` (the
@@ -139,6 +147,8 @@ class RLCRMultiTurnTrainer(
                     "as model text; a tool transcript inside it is not modelled. For tool episodes use "
                     "ReplayGRPOTrainer or AbsoluteZeroTrainer."
                 )
+        for split in ("train_dataset", "eval_dataset"):  # plain-text prompts become one user message each
+            kwargs[split] = user_message_prompts(kwargs.get(split))
         check_datasets(
             kwargs,
             partial(
@@ -176,8 +186,10 @@ class RLCRMultiTurnTrainer(
                 "answer": (args.generation_kwargs, args.vllm_structured_outputs_regex),
                 "confidence": (args.confidence_generation_kwargs, None),
             },
+            {"confidence": self._confidence_temperature},
         )
         use_turn_generation(self, self._generation["answer"])
+        self._set_kind_temperatures({CONFIDENCE: self._confidence_temperature})
 
         self._brier_reward = make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)
         self._turn = follow_up_turn(
@@ -219,6 +231,12 @@ class RLCRMultiTurnTrainer(
                 "generation_batch_size or steps_per_generation."
             )
 
+    @property
+    def _confidence_temperature(self) -> float:
+        """The confidence turn's sampling temperature, at which its rows are scored too."""
+        temperature = self.args.confidence_temperature
+        return self.temperature if temperature is None else temperature
+
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     def _prepare_inputs(self, generation_batch):
         buffered = self._buffered_inputs
@@ -258,9 +276,16 @@ class RLCRMultiTurnTrainer(
 
         In the loss, rows named by `_reference_fill` take these log-probs (detached) as their reference.
         """
-        if self._forward_rows.families is not None:
+        families = self._forward_rows.families
+        if families is not None and self._kind_rows is not None and self._temperatures_differ():
+            # answers and confidences at different temperatures: the head scores a packed sequence at one, so each
+            # kind is packed on its own (the confidence siblings still share their prompt)
+            scored = self._packed_by_kind(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, families
+            )
+        elif families is not None:
             scored = self._packed_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, families
             )
         else:
             scored = super()._own_logps_and_entropies(
@@ -272,11 +297,40 @@ class RLCRMultiTurnTrainer(
             reference[rows] = scored[0].detach()[rows].to(reference.dtype)
         return scored
 
+    def _packed_by_kind(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, families):
+        """The loss forward packed by family, each row kind in passes of its own at its temperature. Every kind gets
+        a pass on every process (a one-row stand-in where a process has none of it): passes are collectives."""
+        kinds = self._kind_rows.kinds.to(input_ids.device)
+        parts, order, stand_ins = [], [], []
+        for kind in self.ROW_KINDS:
+            rows = torch.nonzero(kinds == kind).flatten()
+            if rows.numel() == 0:
+                if self.accelerator.num_processes > 1:
+                    stand_ins.append(self._stand_in_forward(model, input_ids))
+                continue
+            with self._fused_heads.at(self._kind_temperature(kind)):
+                parts.append(
+                    self._packed_logps_and_entropies(
+                        model,
+                        input_ids[rows],
+                        attention_mask[rows],
+                        logits_to_keep,
+                        batch_size,
+                        compute_entropy,
+                        families[rows.to(families.device)],
+                    )
+                )
+            order.append(rows)
+        logps, entropies = merge_rows(parts, order, logits_to_keep)
+        for zero in stand_ins:
+            logps = logps + zero
+        return logps, entropies
+
     def _packed_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, families
     ):
         """Score the rows packed by family, `batch_size` rows at a time in whole families (TRL's chunking)."""
-        families = self._forward_rows.families.to(input_ids.device)
+        families = families.to(input_ids.device)
         attn_implementation = self.accelerator.unwrap_model(model).config._attn_implementation
         parts, order = [], []
         for rows in family_chunks(families, batch_size or input_ids.size(0)):
@@ -341,6 +395,7 @@ class RLCRMultiTurnTrainer(
                 _tokenize_prompts=lambda prompts: (turn2_prompt_ids, None, {}),
                 _forward_rows=ForwardRows(families=siblings),
             ),
+            self._fused_heads.at(self._confidence_temperature),  # old and reference log-probs at its temperature
             self.recording() as record,
         ):
             yield record

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import is_peft_model
 
 from ..core.batch import scatter_rows, trim_padding
+from ..models.logprob_tiles import FusedHeadTemperatures
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,40 @@ class RowKindForwards:
     so the number of forwards may not depend on which rows a process holds
     (docs/design.md#multi-process-invariants): with several processes every kind in `ROW_KINDS` gets a forward, a
     one-row stand-in where this process has no row of it. One process scores only the kinds it holds.
+
+    Each kind is scored at the temperature its rows were sampled at (`_kind_temperatures`, set by the trainer; a kind
+    not named there: TRL's `temperature`), as are the old and reference log-probs of its turn (`_fused_heads.at`), so
+    the importance-sampling ratio of a row is 1 when nothing but the temperature differs between turns.
     """
 
     ROW_KINDS: tuple[int, ...] = ()
     _kind_rows: KindRows | None = None  # scoped by the trainer's `_compute_loss` for the loss forward only
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._kind_temperatures: dict[int, float] = {}
+        # The heads TRL patched at init: the policy's (under PEFT, its base model's) and the reference model's.
+        heads = [(self.model.get_base_model() if is_peft_model(self.model) else self.model, ("log_probs", "entropy"))]
+        if self.ref_model is not None:
+            heads.append((self.accelerator.unwrap_model(self.ref_model), ("log_probs",)))
+        self._fused_heads = FusedHeadTemperatures(heads, self.temperature, self.args.cast_lm_head_to_fp32)
+
+    def _set_kind_temperatures(self, temperatures: dict[int, float]) -> None:
+        """Score each kind's rows at its sampling temperature. TRL's auxiliary-loss forward (MoE router loss) scores a
+        micro-batch in one pass, so kinds at different temperatures are refused there."""
+        self._kind_temperatures = {kind: float(t) for kind, t in temperatures.items()}
+        if self._temperatures_differ() and self.aux_loss_enabled:
+            raise ValueError(
+                "Row kinds sampled at different temperatures need a forward per kind, but this model's router "
+                "auxiliary loss is computed over the whole micro-batch in TRL's forward; set router_aux_loss_coef=0 "
+                "or give every turn the same temperature."
+            )
+
+    def _kind_temperature(self, kind: int) -> float:
+        return self._kind_temperatures.get(kind, self.temperature)
+
+    def _temperatures_differ(self) -> bool:
+        return len({self._kind_temperature(kind) for kind in self.ROW_KINDS}) > 1
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -93,9 +125,10 @@ class RowKindForwards:
                 stand_ins.append(self._stand_in_forward(model, input_ids))
                 continue
             ids, mask, keep = trim_padding(input_ids[index], attention_mask[index], logits_to_keep)
-            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
-                model, ids, mask, keep, batch_size, compute_entropy
-            )
+            with self._fused_heads.at(self._kind_temperature(kind)):
+                logps, entropies, _ = super()._get_per_token_logps_and_entropies(
+                    model, ids, mask, keep, batch_size, compute_entropy
+                )
             parts.append((index, logps, entropies))
         if not parts and not stand_ins:  # nothing scored: the loss still needs a graph to run its backward
             stand_ins.append(self._stand_in_forward(model, input_ids))

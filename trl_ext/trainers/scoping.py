@@ -24,8 +24,11 @@ class TurnGeneration:
     `config`."""
 
 
-def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) -> dict[str, TurnGeneration]:
-    """Each turn's settings, from `{turn: (generation_kwargs, regex)}`.
+def turn_generations(
+    trainer, turns: dict[str, tuple[dict | None, str | None]], temperatures: dict[str, float] | None = None
+) -> dict[str, TurnGeneration]:
+    """Each turn's settings, from `{turn: (generation_kwargs, regex)}` and the sampling temperature of the turns that
+    have their own (`temperatures`; the others: the trainer's `temperature`).
 
     `GRPOTrainer.__init__` must have run with `args.generation_kwargs` scoped to None (it would bake them into every
     turn): the transformers generate kwargs it keeps are then TRL's defaults alone, onto which each turn's own kwargs
@@ -34,10 +37,13 @@ def turn_generations(trainer, turns: dict[str, tuple[dict | None, str | None]]) 
     settings = {}
     for name, (kwargs, regex) in turns.items():
         kwargs = dict(kwargs or {})
+        temperature = (temperatures or {}).get(name)
         if trainer.use_vllm:
-            settings[name] = TurnGeneration(kwargs, regex)
+            settings[name] = TurnGeneration(kwargs, regex, temperature=temperature)
         else:
             merged = {**trainer.generation_kwargs, **kwargs}
+            if temperature is not None:
+                merged["temperature"] = float(temperature)
             settings[name] = TurnGeneration(kwargs, regex, GenerationConfig(**merged, disable_compile=True), merged)
     return settings
 
@@ -131,15 +137,25 @@ def scoped_call(
             else:
                 delattr(trainer, name)
         if prefix is not None:
-            metrics = trainer._metrics[mode]
-            for key in list(metrics):
-                values, start = metrics[key], before.get(key, 0)
-                if key == "num_tokens" or len(values) <= start:
-                    continue
-                metrics[f"{prefix}/{key}"].extend(values[start:])
-                del values[start:]
-                if not values:
-                    del metrics[key]
+            _move_new_metrics(trainer._metrics[mode], before, prefix)
+
+
+def _move_new_metrics(metrics: dict, before: dict[str, int], prefix: str) -> None:
+    """Move the values appended to `metrics` since `before` (each key's length then) under `prefix/`.
+
+    Every move is decided before any is made: with `logging_steps > 1` the metrics hold earlier steps' `prefix/` keys
+    until the next log, and a value moved into one of them must not count as appended to it (and move again)."""
+    taken = {}
+    for key in list(metrics):
+        values, start = metrics[key], before.get(key, 0)
+        if key == "num_tokens" or len(values) <= start:
+            continue
+        taken[key] = values[start:]
+        del values[start:]
+        if not values:
+            del metrics[key]
+    for key, values in taken.items():
+        metrics[f"{prefix}/{key}"].extend(values)
 
 
 def generation_length_settings(trainer) -> list[tuple[object, str]]:

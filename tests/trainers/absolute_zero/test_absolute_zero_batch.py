@@ -261,7 +261,7 @@ def test_unknown_reward_in_criteria_fails_at_init(tmp_path):
         make_trainer(tmp_path, learnability_criteria=bad)
 
 
-def test_seed_prompts_must_be_conversational(tmp_path):
+def test_seed_prompts_must_be_conversations_or_text(tmp_path):
     task = arithmetic_task()
     model, tokenizer = tiny_causal_lm()
     args = cpu_test_args(tmp_path, AbsoluteZeroConfig)
@@ -271,8 +271,16 @@ def test_seed_prompts_must_be_conversational(tmp_path):
             task.reward_funcs,
             args=args,
             processing_class=tokenizer,
-            train_dataset=Dataset.from_list([{"prompt": "plain text"}]),
+            train_dataset=Dataset.from_list([{"prompt": ["not", "messages"]}]),
         )
+    trainer = AbsoluteZeroTrainer(  # plain text, as TRL takes it: one user message
+        model,
+        task.reward_funcs,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": "Propose a sum."}]),
+    )
+    assert trainer.train_dataset[0]["prompt"] == [{"role": "user", "content": "Propose a sum."}]
 
 
 def test_evaluation_refuses_seed_prompts(tmp_path):

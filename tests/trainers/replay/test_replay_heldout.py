@@ -63,6 +63,17 @@ def test_mean_and_pass_at_k_at_the_eval_step(tmp_path):
             return EVAL_REPLIES[task_of(prompt_text)][k]
         return SOLUTIONS[task_of(prompt_text)]
 
+    spans = []  # the generation calls of the held-out evaluation (evaluate() also runs TRL's evaluation loop)
+    heldout = trainer._heldout_evaluation
+
+    def tracked(*args, **kwargs):
+        start = len(gen.calls)
+        try:
+            return heldout(*args, **kwargs)
+        finally:
+            spans.append((start, len(gen.calls)))
+
+    trainer._heldout_evaluation = tracked
     with ScriptedGeneration(trainer, script) as gen:
         trainer.train()
     (log,) = [log for log in trainer.state.log_history if "eval_accuracy" in log]
@@ -74,7 +85,7 @@ def test_mean_and_pass_at_k_at_the_eval_step(tmp_path):
     assert log["eval_rewards/exact/mean"] == 0.75 and log["eval_reward"] == 0.75
     assert log["eval_seconds"] >= 0
     # two chunks of questions (2, then 1), k = 2 samples each, sampled at eval_temperature
-    eval_calls = [call for call in gen.calls if call.num_generations == 2]
+    eval_calls = [call for start, end in spans for call in gen.calls[start:end]]
     assert [len(call.prompt_ids) for call in eval_calls] == [4, 2]
     assert set(sampling) == {(True, 1.0)}
     assert trainer.generation_config.temperature == 1.0 and trainer.generation_config.max_new_tokens == 8
@@ -92,8 +103,8 @@ def test_sampled_evaluation_is_deterministic_given_the_seed(tmp_path):
         return completion_ids, logprobs
 
     trainer._generate_single_turn = recording
-    first = trainer.evaluate()
-    second = trainer.evaluate()
+    first = trainer.heldout_evaluate()  # the held-out evaluation's samples alone (no TRL evaluation loop)
+    second = trainer.heldout_evaluate()
     del trainer._generate_single_turn
     assert sampled[:2] == sampled[2:]  # the model's own samples, twice the same
     assert sampled[0][0] != sampled[0][1] or sampled[0][2] != sampled[0][3]  # and really sampled

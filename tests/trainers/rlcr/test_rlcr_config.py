@@ -51,7 +51,7 @@ def test_scale_rewards_booleans_map_like_trl(tmp_path):
     "rows, match",
     [
         ([{"prompt": [{"role": "user", "content": "q"}], "answer": "1"}], "'solution'"),
-        ([{"prompt": "plain text", "solution": "1"}], "conversational"),
+        ([{"prompt": ["not", "messages"], "solution": "1"}], "conversational"),
         ([{"question": "q", "solution": "1"}], "'prompt'"),
     ],
 )
@@ -61,6 +61,16 @@ def test_dataset_problems_fail_at_init(tmp_path, rows, match):
         RLCRMultiTurnTrainer(
             model=model, args=config(tmp_path), train_dataset=Dataset.from_list(rows * 4), processing_class=tokenizer
         )
+
+
+def test_plain_text_prompts_are_user_messages(tmp_path):
+    model, tokenizer = tiny_causal_lm()
+    rows = Dataset.from_list([{"prompt": "What is 1+1?", "solution": "2"}] * 4)
+    trainer = RLCRMultiTurnTrainer(
+        model=model, args=config(tmp_path), train_dataset=rows, eval_dataset=rows, processing_class=tokenizer
+    )
+    for split in (trainer.train_dataset, trainer.eval_dataset):
+        assert split[0] == {"prompt": [{"role": "user", "content": "What is 1+1?"}], "solution": "2"}
 
 
 def test_unsupported_trainer_arguments(tmp_path):
