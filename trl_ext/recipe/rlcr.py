@@ -205,9 +205,9 @@ def _group_caption(report) -> str:
 def heldout_evaluation(
     trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, agreement_samples=0, files=None
 ):
-    """The held-out evaluation of the trainer's model (`trainer.heldout_evaluate()`, a collective: every process calls it) as
-    a calibration report; the main process writes its files (see `write_evaluation`). `reuse_last`: the model was
-    evaluated last at this step (the final `--eval_steps` evaluation), so its records are reported instead of
+    """The held-out evaluation of the trainer's model (`trainer.heldout_evaluate()`, a collective: every process calls
+    it) as a calibration report; the main process writes its files (see `write_evaluation`). `reuse_last`: the model
+    was evaluated last at this step (the final `--eval_steps` evaluation), so its records are reported instead of
     generating them again. `agreement_samples`: also the sampling agreement of the greedy answers
     (`--agreement_samples`)."""
     if not reuse_last:

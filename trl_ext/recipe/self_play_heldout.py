@@ -25,10 +25,11 @@ def heldout_set(task, script_args, seed):
 
 
 def evaluate_heldout(trainer, task, questions, name, reuse_last=False, rows_file=None):
-    """The solver's held-out accuracy through the trainer's held-out evaluation (`trainer.heldout_evaluate()`, a collective:
-    every process calls it); the main process writes every question, reply and score to `heldout_<name>.json`.
-    `reuse_last`: the model was evaluated last at this step (the final `--eval_steps` evaluation): its records are
-    reported instead of generating them again. `rows_file`: another file name than `heldout_<name>.json` (`.jsonl`: the rows alone, one a line)."""
+    """The solver's held-out accuracy through the trainer's held-out evaluation (`trainer.heldout_evaluate()`, a
+    collective: every process calls it); the main process writes every question, reply and score to
+    `heldout_<name>.json`. `reuse_last`: the model was evaluated last at this step (the final `--eval_steps`
+    evaluation): its records are reported instead of generating them again. `rows_file`: another file name than
+    `heldout_<name>.json` (`.jsonl`: the rows alone, one a line)."""
     if not reuse_last:
         trainer.heldout_evaluate([dict(question) for question in questions])
     k = trainer.args.eval_num_samples
