@@ -55,6 +55,7 @@ def test_benchmark_results_record_their_environment_and_go_where_asked(tmp_path,
     assert common.results_dir() == tmp_path / "new"
     monkeypatch.delenv("TRL_EXT_BENCH_RESULTS")
     assert common.results_dir() == ROOT / "benchmarks" / "results"
-    env = common.environment()
-    assert {"torch", "cuda", "transformers", "trl", "trl_ext", "commit", "device"} <= set(env)
-    assert env["device"] == ("CPU" if not common.on_cuda() else env["device"]) and env["trl"]
+    env = common.provenance(seeds=[1])
+    assert {"commit", "packages", "device", "cuda", "command", "seeds"} <= set(env)
+    assert {"torch", "transformers", "trl", "trl-ext"} <= set(env["packages"]) and env["packages"]["trl"]
+    assert env["device"] == ("CPU" if not common.on_cuda() else env["device"]) and env["seeds"] == [1]

@@ -136,7 +136,7 @@ def test_greedy_answer_then_confidence_turn_per_answer(trained):
 
 
 def test_every_evaluation_writes_its_per_sample_records(trained):
-    trainer, _, _ = trained
+    trainer, _, _, _ = trained
     for step in (1, 2):
         records = read_jsonl(Path(trainer.args.output_dir) / "heldout" / f"eval_step{step}.jsonl")
         assert [r["prompt"] for r in records] == [q for q, _ in EVAL] and [r["group"] for r in records] == LEVELS

@@ -69,21 +69,29 @@ def encode_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     return encode(state, "state"), tensors
 
 
-def decode_state(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """Inverse of [`encode_state`]. Raises `KeyError`/`TypeError`/`ValueError` on a malformed tree."""
+# The trainers' states nest a few levels (dicts of lists of tuples); anything much deeper was not written by them.
+MAX_STATE_DEPTH = 64
 
-    def decode(x):
+
+def decode_state(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of [`encode_state`]. Raises `KeyError`/`TypeError`/`ValueError` on a malformed tree, one nested deeper
+    than `MAX_STATE_DEPTH` included (a fixed bound, so the verdict does not depend on the interpreter's recursion
+    limit, which libraries raise)."""
+
+    def decode(x, depth=0):
+        if depth > MAX_STATE_DEPTH:
+            raise ValueError(f"state nested deeper than {MAX_STATE_DEPTH} levels")
         if isinstance(x, list):
-            return [decode(v) for v in x]
+            return [decode(v, depth + 1) for v in x]
         if not isinstance(x, dict):
             return x
         if len(x) == 1 and _TENSOR in x:
             return tensors[x[_TENSOR]]
         if len(x) == 1 and _TUPLE in x:
-            return tuple(decode(v) for v in x[_TUPLE])
+            return tuple(decode(v, depth + 1) for v in x[_TUPLE])
         if len(x) == 1 and _DICT in x:
-            return {_hashable(decode(k)): decode(v) for k, v in x[_DICT]}
-        return {k: decode(v) for k, v in x.items()}
+            return {_hashable(decode(k, depth + 1)): decode(v, depth + 1) for k, v in x[_DICT]}
+        return {k: decode(v, depth + 1) for k, v in x.items()}
 
     return decode(tree)
 
