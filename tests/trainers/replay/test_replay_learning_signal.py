@@ -49,21 +49,22 @@ class ExactAccuracy(TrainerCallback):
         self.model = model
         self.allowed = [tokenizer.convert_tokens_to_ids(c) for c in ALLOWED]
         self.target = ALLOWED.index(TARGET)
-        self.prompt_ids = [
-            torch.tensor(
-                [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)]
-            )
+        rows = [
+            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
             for p in prompts()
         ]
+        # One forward over all prompts, right-padded: a causal model's last real position never sees the padding.
+        self.batch = torch.full((len(rows), max(map(len, rows))), tokenizer.pad_token_id)
+        for i, ids in enumerate(rows):
+            self.batch[i, : len(ids)] = torch.tensor(ids)
+        self.last = torch.tensor([len(ids) - 1 for ids in rows])
         self.curve = []
 
     @torch.no_grad()
     def accuracy(self) -> float:
-        probabilities = [
-            torch.softmax(self.model(ids).logits[0, -1, self.allowed], -1)[self.target].item()
-            for ids in self.prompt_ids
-        ]
-        return statistics.mean(probabilities)
+        hidden = self.model.model(self.batch).last_hidden_state[torch.arange(len(self.last)), self.last]
+        logits = hidden @ self.model.get_output_embeddings().weight[self.allowed].T  # the 48 tokens' logits
+        return torch.softmax(logits, -1)[:, self.target].mean().item()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.curve.append(self.accuracy())
