@@ -78,6 +78,7 @@ def provenance(seeds) -> dict:
     return {
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
+        "git_modified_files": [line.split(maxsplit=1)[1] for line in status.splitlines()] if status else [],
         "packages": packages,
         "python": platform.python_version(),
         "device": device,

@@ -24,15 +24,14 @@ and seed 42 is refused here. Each seed's report set is its held-out questions le
 (whitespace; operand order of `a + b` and `a * b`), is in the tune set or was proposed (parsed) during that seed's
 training. Per seed: accuracy before and after on the report set with percentile-bootstrap 95% intervals over the
 questions, and the paired difference after - before with its interval; pooled over seeds, the per-question
-difference; and the share of replies holding a number at all, before and after (how much of a gain is answer format).
-The JSON records its provenance (commit, package versions, device, command line, seeds).
+difference. Every question, reply and score before and after is in the JSON (`runs`), with its provenance (commit,
+package versions, device, command line, seeds).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -216,13 +215,13 @@ def curve_run(steps: int | None, task: str, seed: int, heldout_size: int | None)
         "questions": [row["question"] for row in rows["before"]],
         "proposed": sorted(set(PROPOSED)),
         **{f"score_{when}": [row["score"] for row in rows[when]] for when in rows},
-        **{f"reply_has_number_{when}": [bool(re.search(r"\d", row["reply"])) for row in rows[when]] for when in rows},
+        **{f"reply_{when}": [row["reply"] for row in rows[when]] for when in rows},
     }
 
 
 def report(runs: list[dict], tune: set[str]) -> dict:
     """Per seed and pooled: accuracy before/after on the report set (held-out less tune set and proposals), with
-    bootstrap intervals, and the share of replies holding a number."""
+    bootstrap intervals."""
     per_seed, pooled = [], []
     for run in runs:
         excluded = tune | set(run["proposed"])
@@ -241,8 +240,6 @@ def report(runs: list[dict], tune: set[str]) -> dict:
                 "accuracy_before": bootstrap_interval(before),
                 "accuracy_after": bootstrap_interval(after),
                 "after_minus_before": paired_difference_interval(after, before),
-                "reply_has_number_before": bootstrap_interval([run["reply_has_number_before"][i] for i in keep]),
-                "reply_has_number_after": bootstrap_interval([run["reply_has_number_after"][i] for i in keep]),
             }
         )
         pooled += [a - b for a, b in zip(after, before, strict=True)]

@@ -1,4 +1,5 @@
-"""ReplayGRPOTrainer benchmarks on the embedded default (SmolLM2-135M-Instruct, graded arithmetic), CPU.
+"""ReplayGRPOTrainer benchmarks on the embedded default (SmolLM2-135M-Instruct, graded arithmetic), CPU (curves: a GPU
+where there is one).
 
     python benchmarks/replay_bench.py overhead    # step time before replay starts vs plain GRPOTrainer
     python benchmarks/replay_bench.py curves      # accuracy per step with and without replay, 3 seeds
@@ -46,6 +47,8 @@ from pathlib import Path
 
 from _stats import bootstrap_interval, normalized_question, paired_difference_interval, provenance
 from common import (
+    device_args,
+    device_name,
     fixed_length,
     interleaved_step_times,
     load_model,
@@ -109,6 +112,8 @@ def make_trainer(
         seed=seed,
         bf16=model_path is not None,
     )
+    if model_path is not None:  # the curves: on a GPU where there is one (bf16), else CPU
+        common.update(device_args())
     if heldout is not None:  # greedy held-out accuracy every `eval_steps` (default: every quarter of the run)
         common.update(
             eval_strategy="steps", eval_steps=eval_steps or max(steps // 4, 1), per_device_eval_batch_size=32
@@ -295,7 +300,8 @@ def curves(
                 )
             )
     result = {
-        "model": model or "format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, CPU",
+        "model": model
+        or f"format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, {device_name()}",
         "quick": quick,
         "steps": steps,
         "seeds": seeds,
