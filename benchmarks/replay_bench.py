@@ -472,7 +472,7 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="curves: one run per seed")
     parser.add_argument("--heldout-size", type=int, default=None, help="curves: report questions (64; quick: 32)")
     parser.add_argument("--levels", type=int, nargs="+", default=None, help="curves: train and report on these levels")
-    parser.add_argument("--quick", action="store_true", help="curves: 4 steps, 32 questions, replay_curves_quick.*")
+    parser.add_argument("--quick", action="store_true", help="curves: 4 steps, 32 questions, *_quick.json/.png")
     parser.add_argument("--model", default=None, help="curves: start from this checkpoint, not the format warm-up")
     args = parser.parse_args(argv)
     if args.part == "curves" and len(args.seeds) < 3:
