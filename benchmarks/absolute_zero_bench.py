@@ -2,8 +2,9 @@
 
     python benchmarks/absolute_zero_bench.py overhead   # step time vs plain GRPOTrainer on the same generated tokens
     python benchmarks/absolute_zero_bench.py curves     # generation calls/tokens and learnable ratio per step,
-                                                        # held-out solver accuracy before and after
+                                                        # held-out solver accuracy before and after, 3 seeds
     python benchmarks/absolute_zero_bench.py curves --task code   # the same for code reasoning self-play
+    python benchmarks/absolute_zero_bench.py curves --quick       # 2 steps, 24 questions: *_quick.json/.png
 
 Results: benchmarks/results/absolute_zero_<part>.json and .png (code: absolute_zero_code_<part>), and for curves the
 recipe's held-out plot as absolute_zero[_code]_heldout.png.
@@ -15,19 +16,27 @@ built once and run one step each in turn (A B A B ...), so load on a shared mach
 and spread of `step_time` after one warm-up step, and the ratios of the medians and of the mins.
 
 curves: the recipe's CPU config of the family (real generation, lenient parsing), for its own number of steps unless
---steps is given; per step the number of generation calls, the generated tokens per role, the learnable ratio and the
-repropose attempts; and the solver's greedy accuracy on the family's held-out questions before and after training.
+--steps is given, once per seed in `--seeds` (3 or more; the seed draws the seed prompts' order, the samples and the
+held-out questions); per step the number of generation calls, the generated tokens per role, the learnable ratio and
+the repropose attempts; and the solver's greedy accuracy on the family's held-out questions before and after training.
+The config's learning rate was chosen looking at the held-out questions of its own seed (42): those are the tune set,
+and seed 42 is refused here. Each seed's report set is its held-out questions less any that, after normalisation
+(whitespace; operand order of `a + b` and `a * b`), is in the tune set or was proposed (parsed) during that seed's
+training. Per seed: accuracy before and after on the report set with percentile-bootstrap 95% intervals over the
+questions, and the paired difference after - before with its interval; pooled over seeds, the per-question
+difference. Every question, reply and score before and after is in the JSON (`runs`), with its provenance (commit,
+package versions, device, command line, seeds).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from _stats import bootstrap_interval, normalized_question, paired_difference_interval, provenance
 from common import (
     ROOT,
     fixed_length,
@@ -146,13 +155,41 @@ def results_name(task: str, part: str) -> str:
     return f"absolute_zero_{part}" if task == "arithmetic" else f"absolute_zero_{task}_{part}"
 
 
-def curves(steps: int | None, task: str) -> dict:
+TUNE_SEED = 42  # the configs' seed: its held-out questions were looked at while choosing the learning rate
+PROPOSED: list[str] = []  # normalised questions parsed from proposals during the current run
+
+
+def _record_proposals():
+    """Record every question the trainer parses from a proposal (benchmark instrumentation, at class level)."""
+    parse = AbsoluteZeroTrainer._parse
+
+    def recording(self, completion, context=None):
+        question = parse(self, completion, context)
+        if question is not None:
+            PROPOSED.append(question_key(question))
+        return question
+
+    AbsoluteZeroTrainer._parse = recording
+
+
+def question_key(question: dict) -> str:
+    """A question's normalised text: its arithmetic expression, else its other fields."""
+    text = question.get("expression") or question.get("question")
+    if isinstance(text, str):
+        return normalized_question(text)
+    return json.dumps({k: v for k, v in sorted(question.items()) if k != "level"}, sort_keys=True, default=str)
+
+
+def curve_run(steps: int | None, task: str, seed: int, heldout_size: int | None) -> dict:
     output_dir = Path(tempfile.mkdtemp())
     argv = ["--config", str(ROOT / "recipes" / "configs" / CPU_CONFIGS[task]), "--output_dir", str(output_dir)]
+    argv += ["--seed", str(seed)]
     argv += ["--max_steps", str(steps)] if steps is not None else []
+    argv += ["--heldout_size", str(heldout_size)] if heldout_size is not None else []
     parser = TrlParser((AbsoluteZeroScriptArguments, AbsoluteZeroConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     training_args.disable_tqdm = True
+    PROPOSED.clear()
     log = absolute_zero_main(script_args, training_args, model_args)
     keys = [
         "generation/calls",
@@ -169,28 +206,124 @@ def curves(steps: int | None, task: str) -> dict:
         for entry in log
         if "unified_filter/learnable_ratio" in entry
     ]
-    plot_learning_curves(
-        per_step,
-        keys[:5],
-        RESULTS / f"{results_name(task, 'curves')}.png",
-        f"Absolute Zero ({task}) on the CPU default (per step)",
-    )
-    # The recipe's held-out solver accuracy before and after, with its plot (the learnable ratio beside it).
-    shutil.copyfile(output_dir / "heldout_accuracy.png", RESULTS / f"{results_name(task, 'heldout')}.png")
-    heldout = json.loads((output_dir / "metrics.json").read_text())["heldout"]
+    rows = {
+        when: json.loads((output_dir / f"heldout_{when}.json").read_text())["rows"] for when in ("before", "after")
+    }
     return {
-        "model": f"SmolLM2-135M-Instruct (embedded default), {CPU_CONFIGS[task]}",
+        "seed": seed,
         "steps": per_step,
-        "heldout": heldout,
+        "questions": [row["question"] for row in rows["before"]],
+        "proposed": sorted(set(PROPOSED)),
+        **{f"score_{when}": [row["score"] for row in rows[when]] for when in rows},
+        **{f"reply_{when}": [row["reply"] for row in rows[when]] for when in rows},
     }
 
 
+def report(runs: list[dict], tune: set[str]) -> dict:
+    """Per seed and pooled: accuracy before/after on the report set (held-out less tune set and proposals), with
+    bootstrap intervals."""
+    per_seed, pooled = [], []
+    for run in runs:
+        excluded = tune | set(run["proposed"])
+        keep = [i for i, q in enumerate(run["questions"]) if question_key(q) not in excluded]
+        before = [run["score_before"][i] for i in keep]
+        after = [run["score_after"][i] for i in keep]
+        per_seed.append(
+            {
+                "seed": run["seed"],
+                "heldout_questions": len(run["questions"]),
+                "report_questions": len(keep),
+                "dropped_in_tune_set": sum(question_key(q) in tune for q in run["questions"]),
+                "dropped_proposed_in_training": sum(
+                    question_key(q) in set(run["proposed"]) and question_key(q) not in tune for q in run["questions"]
+                ),
+                "accuracy_before": bootstrap_interval(before),
+                "accuracy_after": bootstrap_interval(after),
+                "after_minus_before": paired_difference_interval(after, before),
+            }
+        )
+        pooled += [a - b for a, b in zip(after, before, strict=True)]
+    return {
+        "per_seed": per_seed,
+        "pooled_after_minus_before": bootstrap_interval(pooled),
+        "mean_accuracy_before": sum(s["accuracy_before"]["value"] for s in per_seed) / len(per_seed),
+        "mean_accuracy_after": sum(s["accuracy_after"]["value"] for s in per_seed) / len(per_seed),
+    }
+
+
+def plot_report(result: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    seeds = result["report"]["per_seed"]
+    for offset, (when, color) in zip((-0.15, 0.15), (("before", "C0"), ("after", "C1"))):
+        stats = [s[f"accuracy_{when}"] for s in seeds]
+        xs = [i + offset for i in range(len(seeds))]
+        values = [s["value"] for s in stats]
+        errors = [[v - s["low"] for v, s in zip(values, stats)], [s["high"] - v for v, s in zip(values, stats)]]
+        ax.bar(xs, values, 0.3, yerr=errors, capsize=3, color=color, label=when)
+    ax.set_xticks(range(len(seeds)), [f"seed {s['seed']}\n(n={s['report_questions']})" for s in seeds])
+    ax.set_ylabel("greedy accuracy (95% bootstrap interval)")
+    ax.set_title(
+        f"Absolute Zero ({result['task']}), held-out report questions, {result['steps_run']} steps", fontsize=10
+    )
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    fig.savefig(path, dpi=110)
+
+
+def curves(steps: int | None, task: str, seeds: list[int], heldout_size: int | None, quick: bool) -> dict:
+    _record_proposals()
+    runs = [curve_run(steps, task, seed, heldout_size) for seed in seeds]
+    family = {"arithmetic": arithmetic_task}.get(task)
+    tune_questions = []
+    if family is not None and family().heldout_questions is not None:
+        tune_questions = family().heldout_questions(None, TUNE_SEED)  # the config's 50, as looked at
+    tune = {question_key(q) for q in tune_questions}
+    suffix = "_quick" if quick else ""
+    plot_learning_curves(
+        runs[0]["steps"],
+        [
+            "generation/calls",
+            "generation/proposer_tokens",
+            "generation/solver_tokens",
+            "unified_filter/learnable_ratio",
+            "repropose/total_attempts",
+        ],
+        RESULTS / f"{results_name(task, 'curves')}{suffix}.png",
+        f"Absolute Zero ({task}) on the CPU default (per step, seed {seeds[0]})",
+    )
+    result = {
+        "model": f"SmolLM2-135M-Instruct (embedded default), {CPU_CONFIGS[task]}",
+        "task": task,
+        "quick": quick,
+        "steps_run": len(runs[0]["steps"]),
+        "tune_set": f"held-out questions of seed {TUNE_SEED} ({len(tune)}), excluded from every report set",
+        "report": report(runs, tune),
+        "provenance": provenance(seeds),
+        "runs": runs,
+    }
+    plot_report(result, RESULTS / f"{results_name(task, 'heldout')}{suffix}.png")
+    return result
+
+
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "curves"])
     parser.add_argument("--steps", type=int, default=None, help="overhead: 4 by default; curves: the config's")
     parser.add_argument("--task", choices=list(CPU_CONFIGS), default="arithmetic", help="curves: the task family")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[43, 44, 45], help="curves: one run per seed")
+    parser.add_argument("--heldout-size", type=int, default=None, help="curves: held-out questions (the config's)")
+    parser.add_argument("--quick", action="store_true", help="curves: 2 steps, 24 questions, *_quick.json/.png")
     args = parser.parse_args()
+    if args.part == "curves":
+        if len(args.seeds) < 3:
+            parser.error("--seeds: a comparison needs 3 or more seeds.")
+        if TUNE_SEED in args.seeds:
+            parser.error(f"--seeds: seed {TUNE_SEED} draws the held-out questions the config was tuned on.")
     RESULTS.mkdir(exist_ok=True)
     if args.part == "overhead":
         result, name = overhead(args.steps or 4), "absolute_zero_overhead"
@@ -202,9 +335,12 @@ def main():
             "Absolute Zero vs GRPOTrainer, interleaved steps",
         )
     else:
-        result, name = curves(args.steps, args.task), results_name(args.task, "curves")
+        steps = args.steps or (2 if args.quick else None)
+        heldout_size = args.heldout_size or (24 if args.quick else None)
+        result = curves(steps, args.task, args.seeds, heldout_size, args.quick)
+        name = results_name(args.task, "curves") + ("_quick" if args.quick else "")
     write_json(RESULTS / f"{name}.json", result)
-    print({k: v for k, v in result.items() if not isinstance(v, list)})
+    print({k: v for k, v in result.items() if k != "runs"})
 
 
 if __name__ == "__main__":

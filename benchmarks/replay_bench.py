@@ -1,7 +1,10 @@
-"""ReplayGRPOTrainer benchmarks on the embedded default (SmolLM2-135M-Instruct, graded arithmetic), CPU.
+"""ReplayGRPOTrainer benchmarks on the embedded default (SmolLM2-135M-Instruct, graded arithmetic), CPU (curves: a GPU
+where there is one).
 
     python benchmarks/replay_bench.py overhead    # step time before replay starts vs plain GRPOTrainer
-    python benchmarks/replay_bench.py curves      # accuracy per step with and without replay, same seed
+    python benchmarks/replay_bench.py curves      # accuracy per step with and without replay, 3 seeds
+    python benchmarks/replay_bench.py curves --levels 4 5   # the same on the hardest levels (rare successes)
+    python benchmarks/replay_bench.py curves --quick        # 4 steps, 32 questions: a pipeline check
 
 Results: benchmarks/results/replay_<part>.json and .png.
 
@@ -14,25 +17,38 @@ with scripted fixed-length completions excludes generation, the bound on the rat
 fast vLLM server).
 
 curves: with replay (starting at `--replay-start` of the steps) and without (the replay trainer with replay never
-starting: plain GRPO updates, as `overhead` checks), once per seed in `--seeds`, both from the RLCR recipe's format warm-up of the embedded default (short `<answer>` replies, so that a
-135M model gets some answers right and some wrong, which replay needs): accuracy per step of the fresh rollouts
-(replayed rows excluded) with its 4-step moving average, mean and min-max over seeds, fresh tokens generated per step,
-steps until the replay run's moving average reaches the no-replay run's final accuracy (mean over the last quarter of
-its steps; per seed and on the seed means), and buffer bytes per stored token. Both runs also answer
-`--heldout-size` questions that neither the warm-up nor any seed trained on, greedily, before training and every
+starting: plain GRPO updates, as `overhead` checks), once per seed in `--seeds` (3 or more), both from the RLCR
+recipe's format warm-up of the embedded default (short `<answer>` replies, so that a 135M model gets some answers right
+and some wrong, which replay needs): accuracy per step of the fresh rollouts (replayed rows excluded) with its 4-step
+moving average, mean and min-max over seeds, fresh tokens generated per step, steps until the replay run's moving
+average reaches the no-replay run's final accuracy (mean over the last quarter of its steps; per seed and on the seed
+means), and buffer bytes per stored token. `--levels 4 5` trains on the hardest levels only, where a 135M model's
+successes are rare: the setting replay's mechanism (re-using rare successes) is for.
+
+Both runs also answer `--heldout-size` report questions (of the same levels), greedily, before training and every
 quarter of the steps (`trainer.evaluate()`): training accuracy mixes which questions replay asks with what the model
-learnt, held-out accuracy measures only the latter.
+learnt, held-out accuracy measures only the latter. The report questions come from a generator seed of their own
+(9000) and are deduplicated against the warm-up's and every seed's training questions after normalisation (whitespace;
+operand order of `a + b` and `a * b`), so none was seen in training. Per seed: held-out accuracy before and after with
+percentile-bootstrap 95% intervals over the questions, and the paired difference replay - no replay after training
+(same questions) with its interval; pooled over seeds, the per-question mean difference with its interval. The JSON
+records its provenance (commit, package versions, device, command line, seeds) and the report questions.
+
+Results: `replay_curves.json`/`.png`, `replay_curves_levels45.*` with `--levels 4 5`. `--quick` (3 seeds, 4 steps, 32
+report questions, evaluated before and after only) writes `*_quick.json`/`.png`, never the full run's files.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
+from _stats import bootstrap_interval, normalized_question, paired_difference_interval, provenance
 from common import (
+    device_args,
+    device_name,
     fixed_length,
     interleaved_step_times,
     load_model,
@@ -65,6 +81,8 @@ def make_trainer(
     system_prompt=None,
     batch_size=8,
     heldout=None,
+    levels=None,
+    eval_steps=None,
     **replay_args,
 ):
     """GRPO or Replay GRPO on graded arithmetic. Without `model_path`: the embedded default with lenient parsing, the
@@ -78,7 +96,7 @@ def make_trainer(
     else:
         model, tokenizer = load_model(model_path)
         rewards, weights = [make_accuracy_reward()], [1.0]
-        data = graded_arithmetic(500, seed=1000 + seed, system_prompt=system_prompt)  # not the warm-up's questions
+        data = training_questions(seed, system_prompt, levels)
         length = 16
     common = dict(
         max_steps=steps,
@@ -94,8 +112,12 @@ def make_trainer(
         seed=seed,
         bf16=model_path is not None,
     )
-    if heldout is not None:  # greedy held-out accuracy every quarter of the run
-        common.update(eval_strategy="steps", eval_steps=max(steps // 4, 1), per_device_eval_batch_size=32)
+    if model_path is not None:  # the curves: on a GPU where there is one (bf16), else CPU
+        common.update(device_args())
+    if heldout is not None:  # greedy held-out accuracy every `eval_steps` (default: every quarter of the run)
+        common.update(
+            eval_strategy="steps", eval_steps=eval_steps or max(steps // 4, 1), per_device_eval_batch_size=32
+        )
     if replay or heldout is not None:
         args = cpu_test_args(tempfile.mkdtemp(), ReplayGRPOConfig, **common, **replay_args)
         return ReplayGRPOTrainer(
@@ -155,12 +177,34 @@ def moving_average(values, window=WINDOW):
     return [statistics.mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
-def heldout_questions(n: int, system_prompt: str, exclude) -> list[dict]:
-    """`n` graded-arithmetic questions (a seed of their own) none of which is in `exclude` (the training questions
-    of every seed, and the warm-up's), the same for every run."""
-    seen = {json.dumps(row["prompt"]) for row in exclude}
-    rows = list(graded_arithmetic(4 * n, seed=9000, system_prompt=system_prompt))
-    return [row for row in rows if json.dumps(row["prompt"]) not in seen][:n]
+def training_questions(seed: int, system_prompt, levels=None):
+    """A seed's training questions (a generator seed the warm-up does not use), of `levels` only when given."""
+    data = graded_arithmetic(
+        500 if levels is None else 500 * 5 // len(levels), seed=1000 + seed, system_prompt=system_prompt
+    )
+    return data if levels is None else data.filter(lambda row: row["level"] in levels)
+
+
+def heldout_questions(n: int, system_prompt: str, exclude, levels=None) -> tuple[list[dict], dict]:
+    """`n` graded-arithmetic report questions (generator seed 9000, of `levels` when given), none of which is in
+    `exclude` (the warm-up's and every seed's training questions) after normalisation, nor repeated; the same for
+    every run. Also returns how many candidates were dropped as seen in training or as repeats."""
+    trained = {normalized_question(row["question"]) for row in exclude}
+    kept, keys, dropped = [], set(), {"dropped_seen_in_training": 0, "dropped_repeats": 0}
+    for row in graded_arithmetic(20 * n, seed=9000, system_prompt=system_prompt):
+        if levels is not None and row["level"] not in levels:
+            continue
+        key = normalized_question(row["question"])
+        if key in trained or key in keys:
+            dropped["dropped_seen_in_training" if key in trained else "dropped_repeats"] += 1
+            continue
+        keys.add(key)
+        kept.append(row)
+        if len(kept) == n:
+            break
+    if len(kept) < n:
+        raise ValueError(f"only {len(kept)} unseen report questions of levels {levels}; lower --heldout-size.")
+    return kept, dropped
 
 
 def run_curves(
@@ -172,6 +216,8 @@ def run_curves(
     model_path,
     system_prompt,
     heldout,
+    levels=None,
+    eval_steps=None,
 ) -> dict:
     # Without replay: the replay trainer with replay never starting (plain GRPO updates, as `overhead` checks), so
     # that both runs get the same held-out evaluation (`trainer.evaluate()`).
@@ -184,10 +230,15 @@ def run_curves(
         system_prompt=system_prompt,
         batch_size=16,
         heldout=heldout,
+        levels=levels,
+        eval_steps=eval_steps,
         replay_start_ratio=replay_start if replay else 1.0,
     )
     before = trainer.evaluate()
+    correct_before = [record["success"] for record in trainer.heldout_records]
     trainer.train()
+    if trainer.heldout_step != steps:
+        raise RuntimeError(f"the last held-out evaluation ran at step {trainer.heldout_step}, not {steps}.")
     evaluations = [(0, before["eval_accuracy"])]
     evaluations += [(log["step"], log["eval_accuracy"]) for log in trainer.state.log_history if "eval_accuracy" in log]
     # Fresh rollouts only: replayed rows are stored successes and would inflate the replay run's accuracy.
@@ -199,6 +250,9 @@ def run_curves(
         "heldout_steps": [step for step, _ in evaluations],
         "heldout_accuracy": [value for _, value in evaluations],
         "heldout_seconds": logged(trainer, "eval_seconds"),
+        # Per report question (greedy, one sample each), 1.0 right, 0.0 wrong, None not judged
+        "heldout_correct_before": correct_before,
+        "heldout_correct_after": [record["success"] for record in trainer.heldout_records],
     }
     if replay:
         exp = trainer.experience
@@ -211,36 +265,69 @@ def run_curves(
     return run
 
 
-def curves(steps: int, replay_start: float, learning_rate: float, seeds: list[int], heldout_size: int) -> dict:
-    """Both configurations from the RLCR recipe's format warm-up of the embedded default, once per seed (the seed
-    draws the questions, the samples and the replay decisions)."""
-    model_path, system_prompt = rlcr_cpu_warmup()
-    _, _, rlcr_train, _ = rlcr_cpu_run()  # the warm-up's questions are its first rows
-    seen = list(rlcr_train)
-    seen += [row for seed in seeds for row in graded_arithmetic(500, seed=1000 + seed, system_prompt=system_prompt)]
-    heldout = heldout_questions(heldout_size, system_prompt, exclude=seen)
+def curves(
+    steps: int,
+    replay_start: float,
+    learning_rate: float,
+    seeds: list[int],
+    heldout_size: int,
+    levels=None,
+    quick: bool = False,
+    model=None,
+) -> dict:
+    """Both configurations from the RLCR recipe's format warm-up of the embedded default (or from `model`), once per
+    seed (the seed draws the questions, the samples and the replay decisions)."""
+    rlcr_args, _, rlcr_train, _ = rlcr_cpu_run()  # the warm-up's questions are its first rows
+    model_path, system_prompt = (model, rlcr_args.system_prompt) if model else rlcr_cpu_warmup()
+    seen = list(rlcr_train) + [row for seed in seeds for row in training_questions(seed, system_prompt, levels)]
+    heldout, dropped = heldout_questions(heldout_size, system_prompt, exclude=seen, levels=levels)
+    eval_steps = steps if quick else None  # quick: before and after only
     runs = {name: [] for name in ("no_replay", "replay")}
     for seed in seeds:
         for name in runs:
             runs[name].append(
                 run_curves(
-                    name == "replay", steps, replay_start, learning_rate, seed, model_path, system_prompt, heldout
+                    name == "replay",
+                    steps,
+                    replay_start,
+                    learning_rate,
+                    seed,
+                    model_path,
+                    system_prompt,
+                    heldout,
+                    levels=levels,
+                    eval_steps=eval_steps,
                 )
             )
     result = {
-        "model": "format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, CPU",
+        "model": model
+        or f"format warm-up of SmolLM2-135M-Instruct (the RLCR recipe's), bf16 autocast, {device_name()}",
+        "quick": quick,
         "steps": steps,
         "seeds": seeds,
+        "levels": levels or "all",
         "replay_start_ratio": replay_start,
         "learning_rate": learning_rate,
         "rollouts_per_step": 16,
-        "heldout": f"{len(heldout)} graded-arithmetic questions in neither the warm-up nor any seed's training set, "
-        "greedy, before training and every quarter of the steps (trainer.evaluate())",
+        "heldout": f"{len(heldout)} graded-arithmetic report questions (generator seed 9000, levels "
+        f"{levels or 'all'}) in neither the warm-up nor any seed's training set after normalisation (whitespace, "
+        "operand order of + and *), greedy, before training and "
+        + ("after it" if quick else "every quarter of the steps")
+        + " (trainer.evaluate())",
+        "heldout_dedup": {**dropped, "overlap_with_training": 0},
+        "heldout_questions": [row["question"] for row in heldout],
+        "heldout_levels": [row["level"] for row in heldout],
         **compare(runs),
+        "provenance": provenance(seeds),
         "runs": runs,
     }
-    plot_curves(result, RESULTS / "replay_curves.png")
+    plot_curves(result, RESULTS / f"{curves_name(levels, quick)}.png")
     return result
+
+
+def curves_name(levels, quick: bool) -> str:
+    """`replay_curves`, with `_levels45` for `--levels 4 5` and `_quick` for `--quick`."""
+    return "replay_curves" + (f"_levels{''.join(map(str, levels))}" if levels else "") + ("_quick" if quick else "")
 
 
 def final_accuracy(accuracy: list[float]) -> float:
@@ -291,7 +378,40 @@ def compare(runs: dict) -> dict:
             }
             for name, seeded in runs.items()
         },
+        "heldout_intervals": heldout_intervals(runs),
     }
+
+
+def heldout_intervals(runs: dict) -> dict:
+    """Percentile-bootstrap 95% intervals over the report questions: per seed, each run's accuracy before and after
+    and the paired difference replay - no replay after; pooled, the per-question difference averaged over seeds."""
+    per_seed = []
+    for base, replay in zip(runs["no_replay"], runs["replay"]):
+        per_seed.append(
+            {
+                **{
+                    f"{name}_{when}": bootstrap_interval(run[f"heldout_correct_{when}"])
+                    for name, run in (("no_replay", base), ("replay", replay))
+                    for when in ("before", "after")
+                },
+                "replay_minus_no_replay_after": paired_difference_interval(
+                    replay["heldout_correct_after"], base["heldout_correct_after"]
+                ),
+            }
+        )
+    differences = [
+        None if None in values else statistics.mean(values)
+        for values in zip(
+            *(
+                [
+                    None if r is None or b is None else r - b
+                    for r, b in zip(rep["heldout_correct_after"], base["heldout_correct_after"], strict=True)
+                ]
+                for base, rep in zip(runs["no_replay"], runs["replay"])
+            )
+        )
+    ]
+    return {"per_seed": per_seed, "pooled_replay_minus_no_replay_after": bootstrap_interval(differences)}
 
 
 def plot_curves(result: dict, path: Path) -> None:
@@ -346,19 +466,36 @@ def plot_curves(result: dict, path: Path) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "curves"])
-    parser.add_argument("--steps", type=int, default=None, help="measured steps (overhead: 4, curves: 24)")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps (overhead: 4, curves: 24, quick: 4)")
     parser.add_argument("--replay-start", type=float, default=0.25, help="curves: replay_start_ratio")
     parser.add_argument("--learning-rate", type=float, default=1e-5, help="curves: learning rate")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="curves: one run per seed")
-    parser.add_argument("--heldout-size", type=int, default=64, help="curves: held-out questions")
+    parser.add_argument("--heldout-size", type=int, default=None, help="curves: report questions (64; quick: 32)")
+    parser.add_argument("--levels", type=int, nargs="+", default=None, help="curves: train and report on these levels")
+    parser.add_argument("--quick", action="store_true", help="curves: 4 steps, 32 questions, *_quick.json/.png")
+    parser.add_argument("--model", default=None, help="curves: start from this checkpoint, not the format warm-up")
     args = parser.parse_args(argv)
+    if args.part == "curves" and len(args.seeds) < 3:
+        parser.error("--seeds: a comparison between methods needs 3 or more seeds.")
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
-        result = overhead(args.steps or 4)
+        result, name = overhead(args.steps or 4), "replay_overhead"
     else:
-        result = curves(args.steps or 24, args.replay_start, args.learning_rate, args.seeds, args.heldout_size)
-    path = write_json(RESULTS / f"replay_{args.part}.json", result)
-    print({k: v for k, v in result.items() if k != "runs"})
+        steps = args.steps or (4 if args.quick else 24)
+        heldout_size = args.heldout_size or (32 if args.quick else 64)
+        result = curves(
+            steps,
+            args.replay_start,
+            args.learning_rate,
+            args.seeds,
+            heldout_size,
+            args.levels,
+            quick=args.quick,
+            model=args.model,
+        )
+        name = curves_name(args.levels, args.quick)
+    path = write_json(RESULTS / f"{name}.json", result)
+    print({k: v for k, v in result.items() if k not in ("runs", "heldout_questions", "heldout_levels")})
     print(f"-> {path}")
 
 
