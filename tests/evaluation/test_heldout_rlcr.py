@@ -155,6 +155,21 @@ def test_evaluate_returns_the_logged_metrics(trained):
     assert trainer.model.training
 
 
+def test_without_trls_loop_evaluate_reports_the_heldout_metrics_alone(trained):
+    trainer, _, _, _ = trained
+    with ScriptedGeneration(trainer, script):
+        assert "eval_loss" in trainer.evaluate()  # TRL's loop ran too
+    trainer.args.eval_trl_loop = False
+    try:
+        with ScriptedGeneration(trainer, script):
+            metrics = trainer.evaluate()
+    finally:
+        trainer.args.eval_trl_loop = True
+    assert_metrics(metrics)
+    assert "eval_loss" not in metrics and not any("rollout/" in key for key in metrics)
+    assert trainer.state.log_history[-1]["eval_answer/accuracy"] == metrics["eval_answer/accuracy"]
+
+
 def test_calibration_undefined_without_labels(tmp_path):
     trainer = make_trainer(tmp_path, eval_strategy="no")
     only_missing = Dataset.from_list([{"prompt": conversation("What is 1+1?"), "solution": None}])

@@ -43,6 +43,12 @@ class TrlExtGRPOConfig(GRPOConfig):
             `eval_temperature > 0` (greedy samples would all be the same). Sampling is seeded with `seed`. TRL's
             `num_generations_eval`, the group size of TRL's own evaluation loop (which `evaluate()` runs too, for
             its loss), defaults to it, so TRL's eval batch-size check reads this count.
+        eval_trl_loop (`bool`, *optional*, defaults to `True`):
+            Whether `evaluate()` also runs `GRPOTrainer`'s evaluation loop (`eval_loss` and its rollout metrics, from
+            a sampled generation over the whole evaluation set, every row kind included) beside the held-out metrics.
+            `False` reports the held-out metrics alone (`heldout_evaluate()`), at a fraction of the cost: RLCR's loop
+            samples `num_generations * num_generations_confidence` rows per question. Keep `True` for
+            `metric_for_best_model="eval_loss"` or `load_best_model_at_end`.
     """
 
     activation_checkpointing: bool | None = field(
@@ -65,6 +71,13 @@ class TrlExtGRPOConfig(GRPOConfig):
     eval_num_samples: int = field(
         default=1,
         metadata={"help": "Completions per evaluation question (k of mean@k); above 1 needs eval_temperature > 0."},
+    )
+
+    eval_trl_loop: bool = field(
+        default=True,
+        metadata={
+            "help": "evaluate() also runs GRPOTrainer's evaluation loop (eval_loss); False: held-out metrics only."
+        },
     )
 
     def __post_init__(self):

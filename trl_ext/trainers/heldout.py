@@ -80,6 +80,8 @@ class HeldoutEvaluation:
             return metrics
         if isinstance(dataset, str):  # a name of the trainer's dict of datasets (Trainer's own recursion)
             dataset = self.eval_dataset[dataset]
+        if not self.args.eval_trl_loop:
+            return self.heldout_evaluate(dataset, metric_key_prefix)
         if self.tools:  # the held-out evaluation runs single turns; TRL's loop runs the tool episodes
             if not self._warned_tools:
                 logger.warning("With tools, evaluate() reports TRL's evaluation loss and metrics only.")
