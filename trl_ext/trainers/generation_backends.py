@@ -67,7 +67,10 @@ class GenerationBackends:
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
-        if self._vllm_awake:  # the batch is built: free the engine's memory for the loss and the optimizer step
+        # A training batch is built: free the engine's memory for the loss and the optimizer step. TRL's evaluation
+        # loop (`prediction_step`, model in eval mode) builds batches too; it has no backward, so the engine stays
+        # awake and its next batches reuse the weights pushed at this step.
+        if self._vllm_awake and self.model.training:
             self.vllm_generation.llm.sleep(level=2)
             self.vllm_generation._llm_weights_sleeping = True  # TRL's own flag: a later TRL call re-pushes
             self._vllm_awake = False
