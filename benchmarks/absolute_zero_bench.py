@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _stats import bootstrap_interval, normalized_question, paired_difference_interval, provenance
+from _stats import bootstrap_interval, normalise_question, paired_difference_interval, provenance
 from common import (
     ROOT,
     fixed_length,
@@ -176,7 +176,7 @@ def question_key(question: dict) -> str:
     """A question's normalised text: its arithmetic expression, else its other fields."""
     text = question.get("expression") or question.get("question")
     if isinstance(text, str):
-        return normalized_question(text)
+        return normalise_question(text)
     return json.dumps({k: v for k, v in sorted(question.items()) if k != "level"}, sort_keys=True, default=str)
 
 

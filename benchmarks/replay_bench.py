@@ -45,7 +45,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _stats import bootstrap_interval, normalized_question, paired_difference_interval, provenance
+from _stats import bootstrap_interval, normalise_question, paired_difference_interval, provenance
 from common import (
     device_args,
     device_name,
@@ -189,12 +189,12 @@ def heldout_questions(n: int, system_prompt: str, exclude, levels=None) -> tuple
     """`n` graded-arithmetic report questions (generator seed 9000, of `levels` when given), none of which is in
     `exclude` (the warm-up's and every seed's training questions) after normalisation, nor repeated; the same for
     every run. Also returns how many candidates were dropped as seen in training or as repeats."""
-    trained = {normalized_question(row["question"]) for row in exclude}
+    trained = {normalise_question(row["question"]) for row in exclude}
     kept, keys, dropped = [], set(), {"dropped_seen_in_training": 0, "dropped_repeats": 0}
     for row in graded_arithmetic(20 * n, seed=9000, system_prompt=system_prompt):
         if levels is not None and row["level"] not in levels:
             continue
-        key = normalized_question(row["question"])
+        key = normalise_question(row["question"])
         if key in trained or key in keys:
             dropped["dropped_seen_in_training" if key in trained else "dropped_repeats"] += 1
             continue
