@@ -13,6 +13,7 @@ import torch
 
 from ..rewards import extract_answer
 from ..rewards.parsing import normalize_answer
+from .greedy import left_padded
 
 
 def agreement_share(reference: str | None, samples: Sequence[str | None]) -> float:
@@ -31,10 +32,7 @@ def sampled_completions(
     """`k` completions per prompt sampled at `temperature` (seeded: the same for the same model and seed, whatever
     the global RNG), each cut after EOS. Prompts are left-padded into one batch of `len(prompts) * k` rows."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rows = [p for p in prompts for _ in range(k)]
-    width = max(len(p) for p in rows)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=model.device)
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], device=model.device)
+    input_ids, attention_mask, width = left_padded([p for p in prompts for _ in range(k)], pad, model.device)
     devices = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)

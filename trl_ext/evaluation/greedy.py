@@ -5,14 +5,21 @@ from __future__ import annotations
 import torch
 
 
+def left_padded(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`prompts` left-padded with `pad` into one batch on `device`: input ids, attention mask, and the width (where
+    the completions start)."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return input_ids, attention_mask, width
+
+
 @torch.no_grad()
 def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Each prompt's greedy completion as token ids, ending with the EOS token when the model wrote it within
     `max_new_tokens`. Prompts are left-padded into one batch."""
     pad = tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    input_ids, attention_mask, width = left_padded(prompts, pad, model.device)
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,

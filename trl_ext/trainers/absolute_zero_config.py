@@ -165,13 +165,7 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
         self.check_generation_kwargs(
             "proposer_generation_kwargs", "max_question_length", temperature_field="proposer_temperature"
         )
-        if self.proposer_temperature is not None and not (
-            self.proposer_temperature > 0 and math.isfinite(self.proposer_temperature)
-        ):
-            raise ValueError(
-                f"proposer_temperature must be a positive, finite sampling temperature or None (got "
-                f"{self.proposer_temperature}): the proposer rows' log-probs are computed at it."
-            )
+        self.check_turn_temperature("proposer_temperature", "proposer rows")
         if self.proposer_reward_mode not in MODES:
             raise ValueError(f"proposer_reward_mode must be one of {MODES} (got {self.proposer_reward_mode!r}).")
         if self.proposer_rows not in PROPOSER_ROWS:

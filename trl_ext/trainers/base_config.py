@@ -8,6 +8,7 @@ name sees the deprecation warning (and gets the value written).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -99,6 +100,16 @@ class TrlExtGRPOConfig(GRPOConfig):
         if self.num_generations_eval is None:
             self.num_generations_eval = self.eval_num_samples
         super().__post_init__()
+
+    def check_turn_temperature(self, field_name: str, rows: str) -> None:
+        """Refuse a turn's own temperature (`field_name`, `None`: the main turn's) unless positive and finite: the
+        log-probs of that turn's `rows` are computed at it."""
+        value = getattr(self, field_name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError(
+                f"{field_name} must be a positive, finite sampling temperature or None (got {value}): the {rows}' "
+                "log-probs are computed at it."
+            )
 
     def check_generation_kwargs(
         self,

@@ -193,13 +193,7 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
         self.check_generation_kwargs(
             "confidence_generation_kwargs", "max_confidence_length", temperature_field="confidence_temperature"
         )
-        if self.confidence_temperature is not None and not (
-            self.confidence_temperature > 0 and math.isfinite(self.confidence_temperature)
-        ):
-            raise ValueError(
-                f"confidence_temperature must be a positive, finite sampling temperature or None (got "
-                f"{self.confidence_temperature}): the confidence rows' log-probs are computed at it."
-            )
+        self.check_turn_temperature("confidence_temperature", "confidence rows")
         for name in ("lambda_ans", "lambda_conf"):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):
