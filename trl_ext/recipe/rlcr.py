@@ -179,9 +179,10 @@ def accuracy_func(script_args):
     return load_function(script_args.accuracy_func, "--accuracy_func") if script_args.accuracy_func else None
 
 
-def write_evaluation(result, output_dir, name, files=None):
+def write_evaluation(result, output_dir, name, files=None, header=None):
     """`reliability_<name>.png`, the metrics with their intervals in `eval_<name>.json`, and every question, answer
-    and confidence in `eval_<name>.jsonl` (one line per answer). `files`: the plot's name and the other two's stem."""
+    and confidence in `eval_<name>.jsonl` (one line per answer). `files`: the plot's name and the other two's stem;
+    `header`: fields written in the JSON before the metrics."""
     plot, stem = files or (f"reliability_{name}.png", f"eval_{name}")
     output_dir = Path(output_dir)
     reliability_diagram(
@@ -190,7 +191,7 @@ def write_evaluation(result, output_dir, name, files=None):
         title=f"{name}: accuracy {result.accuracy:.2f}, parse failures {result.confidence_parse_fail_rate:.0%}"
         + _group_caption(result.report),
     )
-    write_json(output_dir / f"{stem}.json", result.to_dict())
+    write_json(output_dir / f"{stem}.json", {**(header or {}), **result.to_dict()})
     write_jsonl(output_dir / f"{stem}.jsonl", result.rows)
 
 
@@ -203,13 +204,20 @@ def _group_caption(report) -> str:
 
 
 def heldout_evaluation(
-    trainer, evaluation, name, rlcr_paper_metrics=False, reuse_last=False, agreement_samples=0, files=None
+    trainer,
+    evaluation,
+    name,
+    rlcr_paper_metrics=False,
+    reuse_last=False,
+    agreement_samples=0,
+    files=None,
+    header=None,
 ):
     """The held-out evaluation of the trainer's model (`trainer.heldout_evaluate()`, a collective: every process calls
     it) as a calibration report; the main process writes its files (see `write_evaluation`). `reuse_last`: the model
     was evaluated last at this step (the final `--eval_steps` evaluation), so its records are reported instead of
     generating them again. `agreement_samples`: also the sampling agreement of the greedy answers
-    (`--agreement_samples`)."""
+    (`--agreement_samples`). `files`, `header`: see `write_evaluation`."""
     if not reuse_last:
         trainer.heldout_evaluate(evaluation)
     k = trainer.args.eval_num_samples
@@ -225,7 +233,7 @@ def heldout_evaluation(
         rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed, agreement_cost=cost
     )
     if trainer.accelerator.is_main_process:
-        write_evaluation(result, trainer.args.output_dir, name, files)
+        write_evaluation(result, trainer.args.output_dir, name, files, header)
     return result
 
 
@@ -537,21 +545,17 @@ def eval_only(model_path, evaluation, script_args, training_args, model_args):
         script_args.rlcr_paper_metrics,
         agreement_samples=script_args.agreement_samples,
         files=EVAL_ONLY_FILES,
+        header={
+            "model": model_path,
+            "questions": len(evaluation),
+            "samples_per_question": training_args.eval_num_samples,
+            "settings": evaluation_settings(script_args, training_args),
+        },
     )
     if not trainer.accelerator.is_main_process:
         return
     output_dir = Path(training_args.output_dir)
     k = training_args.eval_num_samples
-    write_json(
-        output_dir / "evaluation.json",
-        {
-            "model": model_path,
-            "questions": len(evaluation),
-            "samples_per_question": k,
-            **result.to_dict(),
-            "settings": evaluation_settings(script_args, training_args),
-        },
-    )
     print(
         f"{len(evaluation)} questions x {k} sample(s), {result.report.n} with a parsed confidence:\n"
         f"{metrics_line(result)}{_paper_line(result)}\n(bootstrap 95% intervals in brackets)\n"
