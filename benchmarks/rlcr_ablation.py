@@ -108,6 +108,20 @@ VARIANTS = {
     "lconf3": ["--lambda_conf", "3"],
     "prompt_norm_lconf3": ["--confidence_normalization", "answer_then_prompt", "--lambda_conf", "3"],
     "uniform_warmup": ["--warmup_confidences", "uniform"],
+    # issue 34's levers for answer-level discrimination (choose on the tune split): training questions whose
+    # difficulty is not written on them (one level's form; the three levels a 135M model gets partly right), more
+    # answers or more confidences per answer, a longer run
+    "level2": ["--train_levels", "2"],
+    "levels123": ["--train_levels", "1", "2", "3"],
+    "gc8": [
+        "--num_generations_confidence",
+        "8",
+        "--per_device_train_batch_size",
+        "2",
+        "--gradient_accumulation_steps",
+        "8",
+    ],
+    "steps32": ["--max_steps", "32"],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],

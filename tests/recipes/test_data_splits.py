@@ -85,7 +85,8 @@ def _builtin_sets(config_path: Path) -> dict[str, set[str]] | None:
     config = yaml.safe_load(config_path.read_text())
     if config.get("dataset_name") or config.get("dataset_path") or not config_path.name.startswith(("rlcr", "replay")):
         return None
-    fields = {k: config[k] for k in ("num_train_samples", "num_eval_samples", "system_prompt") if k in config}
+    keys = ("num_train_samples", "num_eval_samples", "system_prompt", "train_levels")
+    fields = {k: config[k] for k in keys if k in config}
     settings = SimpleNamespace(seed=config.get("seed", 42))
     train, report = datasets_for(RLCRScriptArguments(**fields, eval_split="report"), settings)
     _, tune = datasets_for(RLCRScriptArguments(**fields, eval_split="tune"), settings)
@@ -114,6 +115,22 @@ def test_the_shipped_rlcr_default_reports_on_40_questions_per_level():
         SimpleNamespace(seed=config["seed"]),
     )
     assert config["eval_split"] == "report" and [report["level"].count(level) for level in range(1, 6)] == [40] * 5
+
+
+def test_train_levels_choose_the_training_levels_and_leave_the_heldout_set_whole(tmp_path):
+    settings = SimpleNamespace(seed=3)
+    train, report = datasets_for(RLCRScriptArguments(num_train_samples=40, train_levels=[2, 4]), settings)
+    whole, same_report = datasets_for(RLCRScriptArguments(num_train_samples=40), settings)
+    assert train["level"] == [2, 4] * 20 and all(question_split(q) == "train" for q in train["question"])
+    assert report.to_list() == same_report.to_list() and set(report["level"]) == set(range(1, LEVELS + 1))
+    # the default draws the same rows as naming every level
+    assert whole.to_list() == graded_arithmetic(40, seed=3, levels=[1, 2, 3, 4, 5]).to_list()
+    with pytest.raises(ValueError, match="levels must be distinct values in 1..5"):
+        graded_arithmetic(5, levels=[0, 2])
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(f'{{"question": "q{i}", "answer": "{i}"}}\n' for i in range(10)))
+    with pytest.raises(ValueError, match="--train_levels 2 selects levels of the built-in data"):
+        datasets_for(RLCRScriptArguments(dataset_path=str(path), train_levels=[2]), settings)
 
 
 def test_eval_split_is_checked():

@@ -86,18 +86,27 @@ def _question(level: int, rng: random.Random) -> tuple[str, int]:
 
 
 def graded_arithmetic(
-    n: int, seed: int = 0, system_prompt: str | None = ANSWER_FORMAT, split: str = "train"
+    n: int,
+    seed: int = 0,
+    system_prompt: str | None = ANSWER_FORMAT,
+    split: str = "train",
+    levels: tuple[int, ...] | list[int] | None = None,
 ) -> Dataset:
-    """`n` questions of `split` cycling through the difficulty levels 1..5 (the same rows for the same `seed`).
+    """`n` questions of `split` cycling through the difficulty `levels` (all of 1..5 by default; the same rows for the
+    same `seed`). One level alone gives questions whose difficulty is not written on them: they share one form, and
+    which of them a model gets wrong is its own business, not the question's.
 
     Questions are distinct (after `normalise_question`) while the level's share of the split has unused ones; past
     that a level repeats questions of the same split, never another split's."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
+    levels = tuple(levels) if levels else tuple(range(1, LEVELS + 1))
+    if any(level not in range(1, LEVELS + 1) for level in levels) or len(set(levels)) != len(levels):
+        raise ValueError(f"levels must be distinct values in 1..{LEVELS}, got {list(levels)}.")
     rng = random.Random(seed)
     rows, seen = [], set()
     for i in range(n):
-        level = i % LEVELS + 1
+        level = levels[i % len(levels)]
         found = None
         for _ in range(_DISTINCT_TRIES):
             expression, value = _question(level, rng)

@@ -47,6 +47,10 @@ class RecipeScriptArguments(ScriptArguments):
             With the built-in data, the split the held-out questions come from: `"report"` (the numbers you publish)
             or `"tune"` (for choosing settings: ablations, early looks). Training and warm-up rows always come from
             `"train"`; the three are disjoint (`trl_ext.data.graded_arithmetic`). Ignored with a dataset.
+        train_levels (`list[int]`, *optional*):
+            With the built-in data, train (and warm up) on these difficulty levels only, e.g. `--train_levels 2`:
+            questions of one form, whose difficulty is not written on them, so a stated confidence can only learn
+            which of its own answers are right. The held-out questions keep every level. Ignored with a dataset.
         eval_only (`bool`, *optional*, defaults to `False`):
             Evaluate `--model_name_or_path` (a full model, or a LoRA adapter directory: its base model is loaded and
             the adapter merged) on the recipe's held-out evaluation instead of training. On a directory a recipe
@@ -74,6 +78,9 @@ class RecipeScriptArguments(ScriptArguments):
     eval_split: str = field(
         default="report",
         metadata={"help": "Built-in data: held-out questions from 'report' or 'tune'.", "choices": ["report", "tune"]},
+    )
+    train_levels: list[int] | None = field(
+        default=None, metadata={"help": "Built-in data: train on these difficulty levels (1-5) only."}
     )
     eval_only: bool = field(
         default=False, metadata={"help": "Evaluate --model_name_or_path (model or LoRA adapter) instead of training."}
@@ -329,6 +336,7 @@ DATA_SETTINGS = (
     "answer_delimiter",
     "system_prompt",
     "num_train_samples",
+    "train_levels",
     "num_eval_samples",
     "reward_funcs",
     "seed",

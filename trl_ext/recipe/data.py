@@ -296,12 +296,22 @@ def datasets_for(script_args, training_args):
     or `tune`), disjoint by construction; none with `--num_eval_samples 0`."""
     system_prompt = script_args.system_prompt or ANSWER_FORMAT
     train, evaluation = load_recipe_dataset(script_args, system_prompt)
+    levels = getattr(script_args, "train_levels", None)
+    if train is not None and levels:
+        raise ValueError(
+            f"--train_levels {' '.join(map(str, levels))} selects levels of the built-in data; with a dataset, filter "
+            "its rows yourself (or drop --train_levels)."
+        )
     if train is None:
         split = getattr(script_args, "eval_split", "report")
         if split not in SPLITS[1:]:
             raise ValueError(f"--eval_split must be 'report' or 'tune' (got {split!r}); training uses 'train'.")
         train = graded_arithmetic(
-            script_args.num_train_samples or 500, seed=training_args.seed, system_prompt=system_prompt, split="train"
+            script_args.num_train_samples or 500,
+            seed=training_args.seed,
+            system_prompt=system_prompt,
+            split="train",
+            levels=levels,
         )
         evaluation = None  # --num_eval_samples 0: no held-out evaluation
         if script_args.num_eval_samples:
