@@ -121,7 +121,11 @@ VARIANTS = {
         "--gradient_accumulation_steps",
         "8",
     ],
-    "steps32": ["--max_steps", "32"],
+    "steps48": ["--max_steps", "48"],
+    "own_answer_prompt": [
+        "--confidence_prompt",
+        "How likely is it that the answer you just gave is correct? Give a probability from 0 to 1.",
+    ],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],
