@@ -121,3 +121,73 @@ def test_kl_is_zero_on_the_confidence_and_unchanged_on_the_answer(batch, checkpo
     assert loss(ours, kl_only) > 1e-3
     # and a batch without a tail mask is plain GRPO
     assert loss(ours, without_tail) == pytest.approx(loss(plain, without_tail), abs=1e-6)
+
+
+# -- the benchmark's bookkeeping (benchmarks/rlcr_bench.py calibration) -----------------------------------------------
+bench = pytest.importorskip("rlcr_bench")
+
+
+def test_tokens_per_step_and_matched_rows_by_hand():
+    logs = [
+        {"completions/mean_length": 10.0, "confidence/completions/mean_length": 5.0, "step_time": 1.0},
+        {"eval_thing": 1.0},  # not a step's log
+        {"completions/mean_length": 12.0, "confidence/completions/mean_length": 4.0, "step_time": 1.0},
+        {"train_runtime": 3.0},
+    ]
+    counts = {"completions/mean_length": 16, "confidence/completions/mean_length": 64}
+    assert bench.tokens_per_step(logs, counts) == [16 * 10 + 64 * 5, 16 * 12 + 64 * 4]  # 480, 448
+    # 780 tokens per step at 17.5 tokens per reply: 44.6 replies, 11.1 groups of 4 -> 11 groups
+    assert bench.matched_rows(780.0, 17.5, 4) == 44
+    assert bench.matched_rows(780.0, 15.0, 4) == 52  # 13 groups
+    assert bench.matched_rows(10.0, 28.0, 4) == 4  # at least one group
+
+
+def test_single_turn_overrides_are_grpo_fields_with_values_read_as_json():
+    overrides = bench.single_turn_overrides(["--learning_rate", "1e-5", "--scale_rewards", "group", "--beta", "0"])
+    assert overrides == {"learning_rate": 1e-5, "scale_rewards": "group", "beta": 0}
+    with pytest.raises(SystemExit, match="'--lr' is not a GRPOConfig field"):
+        bench.single_turn_overrides(["--lr", "1e-5"])
+    with pytest.raises(SystemExit, match="--max_steps is set by the benchmark"):
+        bench.single_turn_overrides(["--max_steps", "3"])
+    with pytest.raises(SystemExit, match="pairs"):
+        bench.single_turn_overrides(["--beta"])
+
+
+def _run(seed, auroc_within, tokens):
+    final = {key: 0.5 for key in bench.POINT_METRICS} | {"accuracy": 0.4, "parse_fail_rate": 0.0}
+    final |= {"auroc_within_groups": auroc_within, "generated_tokens": tokens}
+    return {"seed": seed, "points": [{**final, "generated_tokens": 0.0}, final]}
+
+
+def _result(seed, multi, single, ratio):
+    runs = {"multi_turn": [_run(seed, multi, 1000.0)], "single_turn": [_run(seed, single, 1000.0 * ratio)]}
+    tokens = {str(seed): {"multi_turn_per_step": 62.5, "single_over_multi": ratio}}
+    settings = dict(steps=16, split="report", evaluate_every=4, agreement_samples=8, single_turn={"settings": {}})
+    return {
+        **settings,
+        "seeds": [seed],
+        "warmup_models": {str(seed): f"/w/{seed}"},
+        "generated_tokens": tokens,
+        "runs": runs,
+        "summary": bench.calibration_summary(runs, tokens),
+    }
+
+
+def test_summary_says_per_seed_whether_multi_turn_within_level_auroc_is_at_least_single_turns():
+    merged = bench.merge_calibration(
+        [_result(42, 0.7, 0.6, 1.02), _result(43, 0.5, 0.5, 0.98), _result(44, None, 0.6, 1.0)]
+    )
+    summary = merged["summary"]
+    assert merged["seeds"] == [42, 43, 44] and set(merged["warmup_models"]) == {"42", "43", "44"}
+    assert summary["seeds"] == [42, 43, 44]
+    assert summary["multi_minus_single_auroc_within_groups"] == pytest.approx([0.1, 0.0, None])
+    assert summary["multi_within_level_auroc_at_least_single"] == [True, True, None]
+    assert summary["verdict"].startswith("multi-turn's within-level AUROC >= single-turn's in 2 of 3 seeds")
+    assert "1.02, 0.98, 1.00 x multi-turn's tokens per step" in summary["verdict"]
+    assert summary["single_turn"]["generated_tokens"] == {"42": 1020.0, "43": 980.0, "44": 1000.0}
+    assert summary["multi_turn"]["auroc_within_groups"] == {"mean": 0.6, "min": 0.5, "max": 0.7}
+    with pytest.raises(ValueError, match="differ in 'split'"):
+        bench.merge_calibration([_result(42, 0.7, 0.6, 1.0), {**_result(43, 0.7, 0.6, 1.0), "split": "tune"}])
+    # one method alone (a sweep of the baseline): its figures, no comparison
+    alone = bench.calibration_summary({"single_turn": _result(42, 0.7, 0.6, 1.0)["runs"]["single_turn"]}, {})
+    assert set(alone) == {"single_turn"}
