@@ -233,12 +233,13 @@ def single_turn_settings(base_args, overrides: dict) -> dict:
         "lr_scheduler_type": base_args.lr_scheduler_type,
         "beta": base_args.beta,  # on the answer tokens only: AnswerKLGRPOTrainer
         # Multi-turn divides its confidence rows' advantages by the batch's Brier std (`confidence_scale_rewards
-        # batch`; the YAML explains why: standardised per prompt, the stated confidence drifted to the training
-        # batches' majority outcome). Its answer rows keep TRL's per-prompt std, which at 2 answers per prompt only
-        # maps a right/wrong pair to +-1. A single-turn reward sums accuracy and Brier, so one scaling applies to
-        # both: per prompt, a group whose replies are all right (or all wrong) has only tiny Brier differences,
-        # which the group std inflates to full advantages (the drift); the batch std keeps each at its size, as
-        # multi-turn's confidence rows are kept, and scales the accuracy differences alike for every prompt.
+        # batch`; the YAML says why: standardised per prompt, the stated confidence drifted to the training batches'
+        # majority outcome). Its answer rows keep TRL's per-prompt std, which at 2 answers per prompt and a 0/1
+        # reward gives every right/wrong pair the same +-0.71 (an all-equal pair 0) whichever the scaling. A
+        # single-turn reward sums accuracy and Brier, so one scaling applies to both parts: per prompt, a group whose
+        # replies are all right (or all wrong) differs only in its tiny Brier terms, which the group std inflates to
+        # full advantages (the drift); the batch std keeps each at its size, as multi-turn's confidence rows are
+        # kept, and scales the accuracy differences alike for every prompt.
         "scale_rewards": "batch",
         **overrides,
     }
