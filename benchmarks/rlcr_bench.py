@@ -616,9 +616,11 @@ def plot_calibration(result: dict, path: Path) -> None:
         ax.set_xlabel("generated tokens (cumulative)")
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7)
+    verdict = result["summary"].get("verdict")
     fig.suptitle(
-        "RLCR on SmolLM2-135M (CPU), one format warm-up per seed: multi-turn vs single-turn at equal generated "
-        f"tokens, greedy evaluation on {result['evaluation']}",
+        f"RLCR, {result['model']}, one per seed: multi-turn vs single-turn (KL on its answer tokens, batch reward "
+        f"scaling, replies per step matched to multi-turn's measured tokens), greedy evaluation on "
+        f"{result['evaluation']}" + (f"\n{verdict}" if verdict else ""),
         fontsize=10,
     )
     fig.savefig(path, dpi=110)
@@ -675,10 +677,7 @@ def calibration_parallel(args, extra: list[str]) -> tuple[dict, list[dict]]:
     return merge_calibration([result for result, _ in parts]), [row for _, rows in parts for row in rows]
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["overhead", "calibration"])
     parser.add_argument(
@@ -728,6 +727,14 @@ def main(argv=None):
         "--parallel", type=int, default=1, help="calibration: seeds run at once, one process each (then merged)"
     )
     parser.add_argument("--model", help="overhead: a checkpoint directory instead of the embedded default")
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = build_parser()
     args = parser.parse_args(own)
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":

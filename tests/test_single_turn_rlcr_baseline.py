@@ -1,6 +1,10 @@
 """The calibration benchmark's single-turn RLCR baseline (benchmarks/single_turn_rlcr.py): GRPOTrainer with its KL
-term on the answer tokens only, checked against plain GRPOTrainer on the same scripted batch."""
+term on the answer tokens only, checked against plain GRPOTrainer on the same scripted batch; and the benchmark's
+bookkeeping (benchmarks/rlcr_bench.py calibration): measured tokens and matched rows, the baseline's settings, the
+per-seed verdict, the merge of seeds run in parallel, and the whole path on a tiny model."""
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -191,3 +195,68 @@ def test_summary_says_per_seed_whether_multi_turn_within_level_auroc_is_at_least
     # one method alone (a sweep of the baseline): its figures, no comparison
     alone = bench.calibration_summary({"single_turn": _result(42, 0.7, 0.6, 1.0)["runs"]["single_turn"]}, {})
     assert set(alone) == {"single_turn"}
+
+
+@pytest.mark.slow  # about a minute on 2 busy cores: two short runs and five evaluations on a tiny model
+def test_calibration_runs_both_methods_on_a_tiny_model_and_reports_their_tokens(tmp_path, monkeypatch):
+    """The benchmark's whole path (warm-up, multi-turn, token matching, single-turn, evaluations, summary) with the
+    recipe's settings made tiny and a tiny random model in place of the warm-up."""
+    checkpoint = tiny_checkpoint(tmp_path / "tiny")
+    small = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1"]
+    small += ["--num_generations", "2", "--num_generations_confidence", "2", "--max_completion_length", "8"]
+    small += ["--max_confidence_length", "6", "--num_train_samples", "40", "--num_eval_samples", "6"]
+    small += ["--warmup_samples", "4", "--bf16", "false", "--per_device_eval_batch_size", "6"]
+    real = bench.rlcr_cpu_run
+
+    def tiny_run(flags):
+        script_args, args, train, evaluation = real((*flags, *small))
+        script_args.build_warmup = lambda base, examples, seeded: (checkpoint, 0.0)
+        return script_args, args, train, evaluation
+
+    monkeypatch.setattr(bench, "rlcr_cpu_run", tiny_run)
+    monkeypatch.setattr(bench, "default_model_path", lambda: checkpoint)
+    result, records = bench.calibration(None, [7], 1, "tune", 2, overrides={"learning_rate": 1e-4})
+
+    tokens = result["generated_tokens"]["7"]
+    assert tokens["multi_turn_rows_per_step"] == 2 * (1 + 2)
+    # measured: at most 2 answers x 8 tokens + 4 confidences x 6 tokens per step
+    assert 0 < tokens["multi_turn_per_step"] <= 40 and tokens["multi_turn_total"] == 2 * tokens["multi_turn_per_step"]
+    assert tokens["single_turn_target_per_step"] == tokens["multi_turn_per_step"]
+    assert tokens["single_turn_rows_per_step"] == bench.matched_rows(
+        tokens["multi_turn_per_step"], tokens["single_turn_probe_reply_tokens"], 4
+    )
+    assert tokens["single_over_multi"] == pytest.approx(tokens["single_turn_per_step"] / tokens["multi_turn_per_step"])
+    settings = result["single_turn"]["settings"]
+    assert settings["learning_rate"] == 1e-4 and settings["scale_rewards"] == "batch" and settings["beta"] == 0.5
+    for method in ("multi_turn", "single_turn"):
+        (run,) = result["runs"][method]
+        assert [p["step"] for p in run["points"]] == [0, 1, 2] and "intervals" in run["points"][-1]
+        assert run["points"][-1]["generated_tokens"] == pytest.approx(tokens[f"{method}_total"])
+        assert {r["method"] for r in records} == {"multi_turn", "single_turn"}
+    assert len(result["summary"]["multi_within_level_auroc_at_least_single"]) == 1
+    assert result["summary"]["verdict"].startswith("multi-turn's within-level AUROC >= single-turn's in ")
+
+
+def test_parallel_runs_one_process_per_seed_with_the_same_flags_and_merges_them(tmp_path, monkeypatch):
+    commands = []
+
+    def fake_run(command, env, **kwargs):  # a child: writes its seed's result where the parent points it
+        commands.append((command, env["OMP_NUM_THREADS"]))
+        seed = int(command[command.index("--seeds") + 1])
+        out = Path(env["TRL_EXT_BENCH_RESULTS"])
+        out.mkdir(parents=True)
+        (out / "rlcr_calibration_sweep.json").write_text(json.dumps(_result(seed, 0.6, 0.5, 1.0)))
+        (out / "rlcr_calibration_sweep.jsonl").write_text(json.dumps({"seed": seed}) + "\n")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 16)
+    argv = ["calibration", "--split", "report", "--seeds", "42", "43", "44", "--parallel", "3", "--tag", "sweep"]
+    args = bench.build_parser().parse_args(argv)
+    result, records = bench.calibration_parallel(args, ["--learning_rate", "1e-4"])
+    assert sorted(seed for seed in result["seeds"]) == [42, 43, 44] and len(records) == 3
+    assert result["summary"]["multi_within_level_auroc_at_least_single"] == [True, True, True]
+    for command, threads in commands:
+        assert threads == "5"  # 16 cores, 3 processes
+        assert command[command.index("--split") + 1] == "report" and command[command.index("--tag") + 1] == "sweep"
+        assert command[-3:] == ["--", "--learning_rate", "1e-4"] and "--parallel" not in command
