@@ -400,7 +400,9 @@ def calibration(
         model_path = warmups[seed] = warm_up(seed)
         seed_tokens = tokens[str(seed)] = {}
         if "multi_turn" in methods:
-            model, tokenizer = load_model(model_path)
+            # float32 weights under bf16 autocast, as the recipe trains (`dtype: float32`, `bf16: true`): in bfloat16
+            # weights Adam's steps of about the learning rate (5e-5) fall below their precision, on a GPU too
+            model, tokenizer = load_model(model_path, torch.float32)
             args = deepcopy(base_args)
             args.__dict__.update(
                 output_dir=tempfile.mkdtemp(),
@@ -434,7 +436,7 @@ def calibration(
             seed_tokens["multi_turn_total"] = sum(per_step)
         if "single_turn" not in methods:
             continue
-        model, tokenizer = load_model(model_path)
+        model, tokenizer = load_model(model_path, torch.float32)
         if on_cuda():
             model.to("cuda")  # where the trainer would put it: the probe below samples there
         target = seed_tokens.get("multi_turn_per_step") or (match_tokens or {}).get(str(seed))
@@ -478,7 +480,7 @@ def calibration(
         )
         if target:
             seed_tokens["single_over_multi"] = seed_tokens["single_turn_per_step"] / target
-    device = f"bf16, {device_name()}" if on_cuda() else "bf16 autocast, CPU"
+    device = f"float32 weights, bf16 autocast, {device_name() if on_cuda() else 'CPU'}"
     return {
         "model": f"format warm-up (both formats) of SmolLM2-135M-Instruct, {device}",
         "warmup_models": warmups,
