@@ -7,6 +7,8 @@
     # multi-turn generated tokens per step measured by the tune run above:
     python benchmarks/rlcr_bench.py calibration --methods single_turn --parallel 3 \
         --match-tokens-from benchmarks/results/rlcr_calibration_tune.json --tag st_lr1e-4 -- --learning_rate 1e-4
+    # seeds run apart (separate calls or machines, each with its own TRL_EXT_BENCH_RESULTS), then one result:
+    python benchmarks/rlcr_bench.py calibration --merge run1/rlcr_calibration.json run2/rlcr_calibration.json
 
 Results: benchmarks/results/rlcr_<part>.json and .png (calibration on the tune split: rlcr_calibration_tune.*), each
 JSON with its provenance (commit, packages, device, command line, seeds); calibration's final evaluations' per-sample
@@ -728,6 +730,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--parallel", type=int, default=1, help="calibration: seeds run at once, one process each (then merged)"
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="calibration: merge these results of the same settings (other seeds, e.g. run in separate calls) into "
+        "one, instead of running",
+    )
     parser.add_argument("--model", help="overhead: a checkpoint directory instead of the embedded default")
     return parser
 
@@ -745,6 +754,14 @@ def main(argv=None):
         name += "" if args.model is None else "_tiny"
         write_result(RESULTS / f"rlcr_{name}.json", result)  # before the plot, which may fail
         plot_overhead(result, RESULTS / f"rlcr_{name}.png")
+    elif args.merge:
+        from trl_ext.evaluation.records import read_jsonl
+
+        paths = [Path(path) for path in args.merge]
+        parts = [json.loads(path.read_text()) for path in paths]
+        result = merge_calibration(parts)
+        records = [row for path, part in zip(paths, parts) for row in read_jsonl(path.parent / part["records_file"])]
+        args.split = result["split"]  # names the merged file
     else:
         overrides = single_turn_overrides(extra)
         if (len(args.methods) < 2 or (overrides and args.split == "tune")) and not args.tag:
@@ -774,6 +791,7 @@ def main(argv=None):
                 args.single_turn_rows,
                 match_tokens,
             )
+    if args.part == "calibration":
         name = result_name(args)
         write_result(RESULTS / f"{name}.json", result, seeds=result["seeds"], records=records)
         plot_calibration(result, RESULTS / f"{name}.png")

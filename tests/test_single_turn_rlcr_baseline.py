@@ -14,6 +14,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.core.tail_spans import tail_token_mask
+from trl_ext.evaluation.records import read_jsonl
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tiny_checkpoint
 
 
@@ -167,6 +168,7 @@ def _result(seed, multi, single, ratio):
     runs = {"multi_turn": [_run(seed, multi, 1000.0)], "single_turn": [_run(seed, single, 1000.0 * ratio)]}
     tokens = {str(seed): {"multi_turn_per_step": 62.5, "single_over_multi": ratio}}
     settings = dict(steps=16, split="report", evaluate_every=4, agreement_samples=8, single_turn={"settings": {}})
+    settings |= {"model": "a warm-up", "evaluation": "200 held-out questions of the report split, greedy"}
     return {
         **settings,
         "seeds": [seed],
@@ -260,3 +262,15 @@ def test_parallel_runs_one_process_per_seed_with_the_same_flags_and_merges_them(
         assert threads == "5"  # 16 cores, 3 processes
         assert command[command.index("--split") + 1] == "report" and command[command.index("--tag") + 1] == "sweep"
         assert command[-3:] == ["--", "--learning_rate", "1e-4"] and "--parallel" not in command
+
+
+def test_merge_flag_joins_results_run_apart_with_their_records(tmp_path, monkeypatch):
+    for seed in (42, 43):
+        bench.write_result(tmp_path / f"s{seed}.json", _result(seed, 0.6, 0.7, 1.0), records=[{"seed": seed}])
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "out")
+    bench.main(["calibration", "--merge", str(tmp_path / "s42.json"), str(tmp_path / "s43.json")])
+    merged = json.loads((tmp_path / "out" / "rlcr_calibration.json").read_text())  # the report split's name
+    assert merged["seeds"] == [42, 43] and merged["provenance"]["seeds"] == [42, 43]
+    assert merged["summary"]["multi_within_level_auroc_at_least_single"] == [False, False]
+    assert read_jsonl(tmp_path / "out" / "rlcr_calibration.jsonl") == [{"seed": 42}, {"seed": 43}]
+    assert (tmp_path / "out" / "rlcr_calibration.png").is_file()
