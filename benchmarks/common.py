@@ -148,11 +148,11 @@ def merge_results(results: dict[str, dict]) -> dict:
     return {**shared, "runs": runs, "merged_from": merged_from}
 
 
-def load_model(path=None):
-    """A checkpoint (default: the embedded SmolLM2-135M-Instruct) with its tokenizer: float32 on CPU, bfloat16 with
-    SDPA attention on CUDA."""
+def load_model(path=None, dtype=None):
+    """A checkpoint (default: the embedded SmolLM2-135M-Instruct) with its tokenizer and SDPA attention: `dtype`, else
+    float32 on CPU and bfloat16 on CUDA."""
     path = path or default_model_path()
-    dtype = torch.bfloat16 if on_cuda() else torch.float32
+    dtype = dtype or (torch.bfloat16 if on_cuda() else torch.float32)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     return model, AutoTokenizer.from_pretrained(path)
 
