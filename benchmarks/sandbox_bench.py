@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+from common import provenance
 
 import trl_ext.sandbox.pool as pool_module
 from trl_ext.sandbox import SandboxPool
@@ -83,6 +84,16 @@ def baseline_source(ref: str, directory: str) -> Path:
     path = Path(directory) / "forkserver_baseline.py"
     path.write_text(text)
     return path
+
+
+def baseline_commit(args) -> str:
+    """The baseline's commit: `--baseline-ref` resolved, or the `--baseline-tree` checkout's HEAD (`-dirty` when its
+    tracked files differ from it)."""
+    tree = args.baseline_tree or Path(__file__).resolve().parents[1]
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True, cwd=tree).stdout.strip()  # noqa: E731
+    if not args.baseline_tree:
+        return git("rev-parse", args.baseline_ref)
+    return git("rev-parse", "HEAD") + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def baseline_tree_pool(tree: str) -> SandboxPool:
@@ -225,11 +236,13 @@ def main():
         "command": "python benchmarks/sandbox_bench.py "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
         "machine": {"cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": load_after},
+        "baseline": {"tree": args.baseline_tree, "commit": baseline_commit(args)},
         "isolation": info,
         "interpreter": interpreter,
         "summary": summary,
         "rounds": rates,
         "server_cpu_s_per_exec": cpu_per_exec,
+        "provenance": provenance(),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.results_name}.json").write_text(json.dumps(payload, indent=2))

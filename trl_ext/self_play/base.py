@@ -10,6 +10,7 @@ valid proposals and saves it in checkpoints.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -20,7 +21,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from ..core.model_text import neutralize_special_tokens
+from ..core.model_text import neutralize_prompt, neutralize_special_tokens
 from ..rewards.parsing import extract_tag
 
 
@@ -40,7 +41,9 @@ class TaskFamily:
             Called on raw model output: it must never raise. A parser whose questions always have the same fields
             may list them in a `question_fields` attribute, so that a `solver_prompt_template` naming another field
             fails at init.
-        solver_prompt_fn: `f(question_fields, seed_row) -> conversation` the solver answers.
+        solver_prompt_fn: `f(question_fields, seed_row) -> conversation` the solver answers. The fields are the
+            proposer's text: the trainer neutralises the special-token strings of the whole conversation it returns
+            (see `plain_text_prompts`), so the function need not.
         reward_funcs: Solver reward functions in TRL's signature; their `__name__`s are the names that
             `learnability_criteria` refer to.
         seed_prompts: `f(n, seed) -> Dataset` with a conversational `prompt` column: the proposer prompts.
@@ -172,14 +175,30 @@ def template_fields(template: str) -> frozenset[str]:
     return frozenset(roots)
 
 
+def plain_text_prompts(prompt_fn: SolverPromptFn, extra: Sequence[str] = ()) -> SolverPromptFn:
+    """`prompt_fn` whose returned prompt has every special-token string made plain text (`neutralize_prompt`, with
+    a tokenizer's own special tokens as `extra`): how [`AbsoluteZeroTrainer`] calls any `solver_prompt_fn`, a
+    user's own included, since the question fields it is given are model-written. What it returns is neutralised,
+    not what it is given, so this holds whatever the function does with the fields (joins two of them into one
+    token, strips zero-width characters, decodes them); its own text is neutralised too, where special-token
+    strings have no place either (the chat template writes the real ones)."""
+
+    @functools.wraps(prompt_fn)
+    def plain_text_prompt(question: dict[str, Any], row: dict[str, Any]) -> Conversation:
+        return neutralize_prompt(prompt_fn(question, row), extra)
+
+    return plain_text_prompt
+
+
 def template_solver_prompt(template: str = "{question}", system_prompt: str | None = None) -> SolverPromptFn:
     """Default solver prompt: one user message, `template` formatted with the question's fields (a field the
-    proposal lacks renders empty, and special-token strings in a field are made plain text: proposals are model
-    output)."""
+    proposal lacks renders empty), with its special-token strings made plain text: proposals are model output, and
+    neutralising the formatted message, not each field, also breaks a token split over two fields."""
 
     def solver_prompt(question: dict[str, Any], row: dict[str, Any]) -> Conversation:
-        fields = {k: "" if v is None else neutralize_special_tokens(v) for k, v in question.items()}
-        conversation = [{"role": "user", "content": template.format_map(_EmptyIfMissing(fields))}]
+        fields = {k: "" if v is None else v for k, v in question.items()}
+        content = neutralize_special_tokens(template.format_map(_EmptyIfMissing(fields)))
+        conversation = [{"role": "user", "content": content}]
         if system_prompt:
             conversation.insert(0, {"role": "system", "content": system_prompt})
         return conversation

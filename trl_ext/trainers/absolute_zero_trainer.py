@@ -43,12 +43,13 @@ from ..core.learnability import (
     parse_criteria,
     select_question,
 )
+from ..core.model_text import neutralize_prompt
 from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..evaluation.heldout_metrics import accuracy_by_field, sample_accuracy
 from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards.parsing import completion_text
 from ..rewards.user_calls import UserCallGuard
-from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
+from ..self_play.base import plain_text_prompts, tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .context_limit import VLLMContextLimit
 from .generation_backends import GenerationBackends
@@ -171,6 +172,8 @@ class AbsoluteZeroTrainer(
             it never produces (`parse_question.question_fields`) fails at init, one a question lacks renders empty
             with a one-time warning naming it (`warnings/solver_prompt_missing_fields` counts such questions). An
             exception makes the question invalid (first traceback logged once, `errors/solver_prompt_fn` counts).
+            The question fields are model-written: special-token strings in the conversation it returns are made
+            plain text (`trl_ext.self_play.base.plain_text_prompts`), as they are in a `task_state`'s proposer prompts.
         heldout_questions: A family's held-out solver questions (`TaskFamily.heldout_questions`, called as
             `f(None, args.seed)`, or the list it returns): the evaluation set when no `eval_dataset` is given.
         task_state: A family's [`~trl_ext.self_play.TaskState`] (e.g. the code family's triplet buffer): proposer prompts
@@ -267,8 +270,8 @@ class AbsoluteZeroTrainer(
         self._set_kind_temperatures({PROPOSER: self._proposer_temperature})
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
-        self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
-            args.solver_prompt_template, args.solver_system_prompt
+        self.solver_prompt_fn = plain_text_prompts(  # proposals are model-written, the user's function too gets them
+            solver_prompt_fn or template_solver_prompt(args.solver_prompt_template, args.solver_system_prompt)
         )
         self._calls = {
             "parse_question": UserCallGuard("parse_question", "the proposal counts as invalid"),
@@ -448,7 +451,7 @@ class AbsoluteZeroTrainer(
         """The proposer conversation of a seed row and its context: from the task state when there is one."""
         if self.task_state is not None:
             prompt, context = self.task_state.proposer_prompt(seed_row, rng)
-            return prompt, dict(context)
+            return neutralize_prompt(prompt), dict(context)  # built from earlier model-written proposals
         prompt = seed_row["prompt"]
         template = self.args.proposer_prompt_template
         if template is None:
