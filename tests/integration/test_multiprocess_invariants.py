@@ -11,8 +11,8 @@ from trl import GRPOTrainer
 from trl_ext.testing import cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 from trl_ext.trainers.rlcr_trainer import ForwardRows
-from trl_ext.trainers.row_kind_forwards import KindRows
-from trl_ext.trainers.scoping import scoped_call
+from trl_ext.trainers.seams.row_kind_forwards import KindRows
+from trl_ext.trainers.seams.scoping import scoped_call
 
 
 def rlcr_trainer(tmp_path, model):

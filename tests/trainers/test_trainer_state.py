@@ -27,7 +27,7 @@ from trl_ext.trainers import (
     RLCRMultiTurnTrainer,
     trainer_state,
 )
-from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
+from trl_ext.trainers.seams.trainer_state import CheckpointStateError, load_state, save_state
 
 
 OWNER = "ReplayGRPOTrainer"

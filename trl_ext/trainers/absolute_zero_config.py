@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..core.learnability import parse_criteria
 from ..core.proposer_rewards import MODES
-from .base_config import TrlExtGRPOConfig
+from .base import TrlExtGRPOConfig
 
 
 PROPOSER_ROWS = ("selected", "all")

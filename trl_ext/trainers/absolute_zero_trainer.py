@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import logging
 import random
-import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
 
 from ..core.advantages import batch_baseline_advantages, group_advantages
 from ..core.learnability import (
@@ -45,27 +43,25 @@ from ..core.learnability import (
 )
 from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..evaluation.heldout_metrics import accuracy_by_field, sample_accuracy
-from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards.parsing import completion_text
 from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
-from .context_limit import VLLMContextLimit
-from .generation_backends import GenerationBackends
-from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import (
+from .base import TrlExtGRPOTrainer
+from .seams.context_limit import VLLMContextLimit
+from .seams.heldout import nan_to_none
+from .seams.init_checks import (
     check_conversational_prompts,
     check_not_empty,
     checked_args,
     refuse_rollout_func,
     user_message_prompts,
 )
-from .model_card import ModelCardMixin
-from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
-from .row_kind_forwards import KindRows, RowKindForwards
-from .scoping import scoped_call, turn_generations, use_turn_generation
-from .tool_rounds import CollectiveToolRounds
-from .trainer_state import CheckpointStateMixin
+from .seams.model_card import arxiv_paper
+from .seams.row_batches import KIND_KEY, concat_row_kinds, local_rows, process_share, restrict_loss
+from .seams.row_kind_forwards import KindRows, RowKindForwards
+from .seams.scoping import scoped_call, turn_generations, use_turn_generation
+from .seams.tool_rounds import CollectiveToolRounds
 
 
 logger = logging.getLogger(__name__)
@@ -145,14 +141,9 @@ HELDOUT_FIELDS = ("task_type", "level")  # question fields the held-out accuracy
 
 class AbsoluteZeroTrainer(
     RowKindForwards,
-    CheckpointStateMixin,
-    ModelCardMixin,
-    CPULogprobTiles,
-    HeldoutEvaluation,
     CollectiveToolRounds,
     VLLMContextLimit,
-    GenerationBackends,
-    GRPOTrainer,
+    TrlExtGRPOTrainer,
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
@@ -203,19 +194,13 @@ class AbsoluteZeroTrainer(
     _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
     checkpoint_state_name = "absolute_zero_state"
     _name = "Absolute Zero"
-    _paper = {
-        "title": "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
-        "id": "2505.03335",
-        "citation": textwrap.dedent(
-            """\
-            @article{zhao2025absolute,
-                title        = {{Absolute Zero: Reinforced Self-play Reasoning with Zero Data}},
-                author       = {Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang},
-                year         = 2025,
-                journal      = {arXiv preprint arXiv:2505.03335}
-            }"""
-        ),
-    }
+    _paper = arxiv_paper(
+        "zhao2025absolute",
+        "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
+        "Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang",
+        2025,
+        "2505.03335",
+    )
 
     def __init__(
         self,
@@ -303,25 +288,17 @@ class AbsoluteZeroTrainer(
         return self.temperature if temperature is None else temperature
 
     # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
-    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """The solver answers each held-out question `num_samples` times (its prompt from `solver_prompt_fn` with an
         empty seed row, its generation settings and length); the first reward function scores each answer (`None`:
         not scorable, counted) and the reply's text."""
         prompts = [self.solver_prompt_fn(dict(row), {}) for row in rows]
-        prompt_ids = self._heldout_prompt_ids(prompts)
-        completion_ids = self._heldout_generate(
-            prompt_ids, num_samples, self._generation["solver"], self.args.max_completion_length
-        )
-        sample_rows = [row for row in rows for _ in range(num_samples)]
-        sample_prompts = [prompt for prompt in prompts for _ in range(num_samples)]
-        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
-        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
-        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
-        replies = [c[0].get("content") if isinstance(c, list) else c for c in completions]
+        samples = self._heldout_samples(rows, prompts, num_samples, self._generation["solver"])
+        replies = [c[0].get("content") if isinstance(c, list) else c for c in samples.completions]
         return [
             {"score": nan_to_none(value), "reply": reply}
-            for value, reply in zip(rewards[:, 0].tolist(), replies, strict=True)
+            for value, reply in zip(samples.rewards[:, 0].tolist(), replies, strict=True)
         ]
 
     def _heldout_metrics(self, rows, records):
@@ -395,14 +372,6 @@ class AbsoluteZeroTrainer(
         raise RuntimeError("GRPOTrainer._generate_and_score_completions returned without calling _generate.")
 
     # -- generation rounds -------------------------------------------------------------------------------------------
-    def _local_share(self, items: list) -> list:
-        """This process's equal share of `items`, padded with copies of the first item to a multiple of the number
-        of processes: every process then generates the same number of rows (vLLM server mode and gathers need it)."""
-        world = self.accelerator.num_processes
-        per_process = -(-len(items) // world)
-        padded = items + [items[0]] * (per_process * world - len(items))
-        return padded[local_rows(self.accelerator, per_process)]
-
     def _generate_rows(
         self,
         play: _SelfPlay,
@@ -472,8 +441,8 @@ class AbsoluteZeroTrainer(
         verdicts are gathered, so every process holds the same questions without running all the checks. (Running
         everything on every process would cost `world` times the executions, and a check near a time limit could
         pass on one process and fail on another, splitting the decisions.)"""
-        per_process = -(-len(slots) // self.accelerator.num_processes)
-        mine = slots[local_rows(self.accelerator, per_process)]
+        share, num_real = process_share(self.accelerator, slots)
+        mine = share[:num_real]
         checked = self.task_state.validate([groups[p].questions[i] for p, i in mine])
         if len(checked) != len(mine):
             raise RuntimeError(f"TaskState.validate returned {len(checked)} verdicts for {len(mine)} questions.")
@@ -499,7 +468,7 @@ class AbsoluteZeroTrainer(
         for p in pending:
             group = groups[p] = _Group(rounds=groups[p].rounds + 1)
             group.prompt, group.context = self._proposer_prompt(play.seeds[p], rng)
-        share = self._local_share(pending)
+        share, _ = process_share(self.accelerator, pending)
         prompts = [groups[p].prompt for p in share for _ in range(k)]
         proposals = self._generate_rows(play, prompts, k, "proposer", args.max_question_length)
         for j, p in enumerate(pending):  # the padding copies come after the real prompts
@@ -534,7 +503,7 @@ class AbsoluteZeroTrainer(
     def _solve(self, play: _SelfPlay, valid: list[tuple[int, int]]) -> None:
         """`group_size` responses to each valid question, scored by the solver reward functions."""
         group_size, groups = play.group_size, play.groups
-        share = self._local_share(valid)
+        share, _ = process_share(self.accelerator, valid)
         inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
         prompts = [row["prompt"] for row in inputs]
         responses = self._generate_rows(play, prompts, group_size, None, None, inputs)
@@ -704,7 +673,7 @@ class AbsoluteZeroTrainer(
                 reward_func_names=[args.proposer_reward_mode],
                 reward_weights=torch.ones(1),
                 multi_objective_aggregation="sum_then_normalize",
-                _logs=_empty_logs(),
+                _logs=self._empty_logs(),
             ),
             self._replaying(rows, real.unsqueeze(1)),
             self._fused_heads.at(self._proposer_temperature),  # old and reference log-probs at its temperature
@@ -777,17 +746,6 @@ class AbsoluteZeroTrainer(
         if saved is None:
             raise ValueError("the checkpoint was written without a task state; resume with the family it was run with")
         self.task_state.load_state_dict(saved)
-
-
-def _empty_logs():
-    return {
-        "images": [],
-        "prompt": [],
-        "completion": [],
-        "rewards": defaultdict(list),
-        "advantages": [],
-        "extra": defaultdict(list),
-    }
 
 
 def _check_heldout_questions(dataset) -> None:

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import textwrap
 from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import zip_longest
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from ..core.experience import (
@@ -42,17 +40,14 @@ from ..core.experience import (
 )
 from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
 from ..evaluation.heldout_metrics import sample_accuracy
-from ..models.logprob_tiles import CPULogprobTiles
-from .call_record import CallRecord, RecordsCalls
-from .generation_backends import GenerationBackends
-from .heldout import HeldoutEvaluation
-from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
-from .model_card import ModelCardMixin
+from .base import TrlExtGRPOTrainer
 from .replay_config import ReplayGRPOConfig
-from .row_batches import local_rows
-from .scoping import scoped_call, standing_generation
-from .tool_rounds import CollectiveToolRounds
-from .trainer_state import CheckpointStateMixin
+from .seams.call_record import CallRecord, RecordsCalls
+from .seams.init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
+from .seams.model_card import arxiv_paper
+from .seams.row_batches import local_rows
+from .seams.scoping import scoped_call, standing_generation
+from .seams.tool_rounds import CollectiveToolRounds
 
 
 @dataclass
@@ -139,14 +134,9 @@ class ReplayBatch(CallRecord):
 
 
 class ReplayGRPOTrainer(
-    CheckpointStateMixin,
-    ModelCardMixin,
-    CPULogprobTiles,
-    HeldoutEvaluation,
     RecordsCalls,
     CollectiveToolRounds,
-    GenerationBackends,
-    GRPOTrainer,
+    TrlExtGRPOTrainer,
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
@@ -178,19 +168,13 @@ class ReplayGRPOTrainer(
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
     checkpoint_state_name = "replay_state"
     _name = "Replay GRPO"
-    _paper = {
-        "title": "ExGRPO: Learning to Reason from Experience",
-        "id": "2510.02245",
-        "citation": textwrap.dedent(
-            """\
-            @article{zhan2025exgrpo,
-                title        = {{ExGRPO: Learning to Reason from Experience}},
-                author       = {Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng},
-                year         = 2025,
-                journal      = {arXiv preprint arXiv:2510.02245}
-            }"""
-        ),
-    }
+    _paper = arxiv_paper(
+        "zhan2025exgrpo",
+        "ExGRPO: Learning to Reason from Experience",
+        "Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng",
+        2025,
+        "2510.02245",
+    )
 
     def __init__(self, model, reward_funcs=None, args: ReplayGRPOConfig | None = None, **kwargs):
         args = checked_args(args, ReplayGRPOConfig, "Replay-GRPO")
@@ -476,20 +460,12 @@ class ReplayGRPOTrainer(
                 kept += 1
         return replaced, kept
 
-    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """`num_samples` answers per prompt with the training turn's settings, scored by every reward function.
         Per sample: each reward (`None` when not applicable) and success as in training (`None`: not judged)."""
         prompts = [row["prompt"] for row in rows]
-        prompt_ids = self._heldout_prompt_ids(prompts)
-        completion_ids = self._heldout_generate(
-            prompt_ids, num_samples, standing_generation(self), self.args.max_completion_length
-        )
-        sample_rows = [row for row in rows for _ in range(num_samples)]
-        sample_prompts = [row["prompt"] for row in sample_rows]
-        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
-        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
-        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
+        rewards = self._heldout_samples(rows, prompts, num_samples, standing_generation(self)).rewards
         success, scored = self._success(rewards).tolist(), self._scored(rewards).tolist()
         return [
             {

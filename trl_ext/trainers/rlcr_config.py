@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .base_config import TrlExtGRPOConfig
+from .base import TrlExtGRPOConfig
 
 
 DEFAULT_CONFIDENCE_PROMPT = (

@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import logging
 import math
-import textwrap
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 import torch
-from trl import GRPOTrainer
 
 from ..core.advantages import group_advantages
 from ..core.batch import group_rows, merge_rows
@@ -40,26 +37,24 @@ from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..evaluation.calibration import calibration_report
 from ..evaluation.heldout_metrics import calibration_metrics
-from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
-from .call_record import RecordsCalls
-from .context_limit import VLLMContextLimit
-from .generation_backends import GenerationBackends
-from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import (
+from .base import TrlExtGRPOTrainer
+from .rlcr_config import RLCRMultiTurnConfig
+from .seams.call_record import RecordsCalls
+from .seams.context_limit import VLLMContextLimit
+from .seams.heldout import nan_to_none
+from .seams.init_checks import (
     check_conversational_prompts,
     check_datasets,
     checked_args,
     refuse_rollout_func,
     user_message_prompts,
 )
-from .model_card import ModelCardMixin
-from .rlcr_config import RLCRMultiTurnConfig
-from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
-from .row_kind_forwards import KindRows, RowKindForwards
-from .scoping import scoped_call, turn_generations, use_turn_generation
-from .trainer_state import CheckpointStateMixin
+from .seams.model_card import arxiv_paper
+from .seams.row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
+from .seams.row_kind_forwards import KindRows, RowKindForwards
+from .seams.scoping import scoped_call, turn_generations, use_turn_generation
 
 
 ANSWER, CONFIDENCE = 0, 1  # row kinds
@@ -79,14 +74,9 @@ class ForwardRows:
 
 class RLCRMultiTurnTrainer(
     RowKindForwards,
-    CheckpointStateMixin,
-    ModelCardMixin,
-    CPULogprobTiles,
-    HeldoutEvaluation,
     RecordsCalls,
     VLLMContextLimit,
-    GenerationBackends,
-    GRPOTrainer,
+    TrlExtGRPOTrainer,
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
@@ -115,19 +105,13 @@ class RLCRMultiTurnTrainer(
 
     _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
     _name = "RLCR (multi-turn)"
-    _paper = {
-        "title": "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
-        "id": "2507.16806",
-        "citation": textwrap.dedent(
-            """\
-            @article{damani2025beyond,
-                title        = {{Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty}},
-                author       = {Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas},
-                year         = 2025,
-                journal      = {arXiv preprint arXiv:2507.16806}
-            }"""
-        ),
-    }
+    _paper = arxiv_paper(
+        "damani2025beyond",
+        "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
+        "Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas",
+        2025,
+        "2507.16806",
+    )
 
     def __init__(
         self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs
@@ -383,14 +367,7 @@ class RLCRMultiTurnTrainer(
                 # by std)
                 multi_objective_aggregation="sum_then_normalize",
                 # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
-                _logs={
-                    "images": [],
-                    "prompt": [],
-                    "completion": [],
-                    "rewards": defaultdict(list),
-                    "advantages": [],
-                    "extra": defaultdict(list),
-                },
+                _logs=self._empty_logs(),
                 # the prompt ids are built on tokens, not rendered from the prompts
                 _tokenize_prompts=lambda prompts: (turn2_prompt_ids, None, {}),
                 _forward_rows=ForwardRows(families=siblings),
@@ -400,21 +377,16 @@ class RLCRMultiTurnTrainer(
         ):
             yield record
 
-    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """Answer each question `num_samples` times, then one confidence turn on each fixed answer, built on tokens
         as in training (`FollowUpTurn.prompt_ids`). Per sample: correctness (accuracy reward; `None` without gold),
         whether an answer could be parsed, the stated confidence (`None`: unparsable), and both replies' texts."""
         args = self.args
         prompts = [row["prompt"] for row in rows]
-        prompt_ids = [ids for ids in self._heldout_prompt_ids(prompts) for _ in range(num_samples)]
-        answer_ids = self._heldout_generate(
-            prompt_ids[::num_samples], num_samples, self._generation["answer"], args.max_completion_length
+        prompt_ids, answer_ids, _, rewards = self._heldout_samples(
+            rows, prompts, num_samples, self._generation["answer"]
         )
-        sample_rows = [row for row in rows for _ in range(num_samples)]
-        sample_prompts = [row["prompt"] for row in sample_rows]
-        completions = self._heldout_completions(sample_prompts, prompt_ids, answer_ids)
-        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, answer_ids)
         turn2 = [self._turn.prompt_ids(p, a, self.eos_token_ids) for p, a in zip(prompt_ids, answer_ids, strict=True)]
         confidence_ids = self._heldout_generate(turn2, 1, self._generation["confidence"], args.max_confidence_length)
         answers = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)

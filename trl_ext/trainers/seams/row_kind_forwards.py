@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import is_peft_model
 
-from ..core.batch import scatter_rows, trim_padding
-from ..models.logprob_tiles import FusedHeadTemperatures
+from ...core.batch import scatter_rows, trim_padding
+from ...models.logprob_tiles import FusedHeadTemperatures
 
 
 @dataclass(frozen=True)
