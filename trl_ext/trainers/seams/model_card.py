@@ -83,7 +83,8 @@ def arxiv_paper(key: str, title: str, authors: str, year: int, arxiv_id: str) ->
 
 
 class ModelCardMixin:
-    """Mixed into each trainer before `GRPOTrainer`: `create_model_card` as TRL's, completed.
+    """Mixin for a `GRPOTrainer` subclass (listed before it; the trainers get it from their base):
+    `create_model_card` as TRL's, completed.
 
     `set_model_card_details(...)` records what only the caller knows (the data, the headline results); every later
     card (checkpoints, the end of a recipe, `push_to_hub`) includes it, so the pushed card is the one on disk.
