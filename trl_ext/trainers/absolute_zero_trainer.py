@@ -11,7 +11,7 @@ rewards through TRL's `_calculate_rewards`. Those are collectives under vLLM ser
 so the rounds are decided on gathered data: every process makes the same calls with the same row counts, padding
 with copies of a real row when it has less work. Once the rows are chosen, each row kind's batch is built by
 `GRPOTrainer._generate_and_score_completions` itself, replaying the recorded generations and rewards (see
-`_replaying`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
+`_replayed`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
 are TRL's. The trainer then sets the proposer advantages and the loss masks, and concatenates the two batches.
 
 Tools and environments (`tools`, `environment_factory`) belong to the solver. Proposer generation runs with them
@@ -48,6 +48,7 @@ from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
 from .base import TrlExtGRPOTrainer
+from .seams.call_record import GenerateOutput
 from .seams.context_limit import VLLMContextLimit
 from .seams.heldout import nan_to_none
 from .seams.init_checks import (
@@ -59,8 +60,8 @@ from .seams.init_checks import (
 )
 from .seams.model_card import arxiv_paper
 from .seams.row_batches import KIND_KEY, concat_row_kinds, local_rows, process_share, restrict_loss
-from .seams.row_kind_forwards import KindRows, RowKindForwards
-from .seams.scoping import scoped_call, turn_generations, use_turn_generation
+from .seams.row_kind_forwards import ForwardRows, KindCall, RowKindForwards
+from .seams.scoping import scoped_call
 from .seams.tool_rounds import CollectiveToolRounds
 
 
@@ -124,7 +125,6 @@ class _SelfPlay:
 
     seeds: list[dict]  # the gathered seed rows, one per prompt
     group_size: int  # solver responses per question (rollout_n)
-    mode: str
     groups: list[_Group]  # per seed prompt
     valid_questions: list[dict] = field(default_factory=list)  # every round's, in order: the task state's update
     reproposed: set[int] = field(default_factory=set)  # prompts that needed another round
@@ -240,16 +240,15 @@ class AbsoluteZeroTrainer(
         _check_heldout_questions(kwargs.get("eval_dataset"))
         with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per row kind below
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
-        self._generation = turn_generations(
-            self,
-            {
-                "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
-                "proposer": (args.proposer_generation_kwargs, None),
-            },
-            {"proposer": self._proposer_temperature},
+        self._set_turns("solver", "proposer", PROPOSER, args.proposer_generation_kwargs, self._proposer_temperature)
+        # The proposer rows' call of TRL's batch code: recorded proposals, one row a group, a given reward (no
+        # generation, no reward function: `_replayed` hands TRL the recorded rows and the proposer rewards)
+        self._proposer = KindCall(
+            prefix="proposer",
+            group_size=1,
+            reward_func_names=[args.proposer_reward_mode],
+            temperature=self._proposer_temperature,
         )
-        use_turn_generation(self, self._generation["solver"])
-        self._set_kind_temperatures({PROPOSER: self._proposer_temperature})
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
         self.solver_prompt_fn = solver_prompt_fn or template_solver_prompt(
@@ -277,7 +276,7 @@ class AbsoluteZeroTrainer(
                     f"{self.reward_func_names}; use one of those names (a function's __name__)."
                 )
         else:
-            self._criteria = None  # the default depends on the group size, which differs in evaluation
+            self._criteria = None  # `default_criteria` for the group size
         self.task_state = task_state
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
 
@@ -287,7 +286,6 @@ class AbsoluteZeroTrainer(
         temperature = self.args.proposer_temperature
         return self.temperature if temperature is None else temperature
 
-    # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
     # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """The solver answers each held-out question `num_samples` times (its prompt from `solver_prompt_fn` with an
@@ -318,34 +316,38 @@ class AbsoluteZeroTrainer(
         # `_solver_batch`) and pads solver and proposer rows to the longer of the two: the loss forward skips the
         # former (log-probs 0; their loss is 0 either way and every normalisation counts the same rows and tokens)
         # and trims each kind's live rows to their own padding (`RowKindForwards`).
-        loss_mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
-        rows = KindRows(inputs.get(KIND_KEY), scored=loss_mask.sum(-1) > 0)
-        with scoped_call(self, _kind_rows=rows):
+        loss_mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)  # (B, T)
+        kinds = inputs.get(KIND_KEY)
+        if kinds is None:  # TRL's evaluation loop: solver rows only
+            kinds = torch.full((loss_mask.size(0),), SOLVER)
+        with scoped_call(self, _forward_rows=ForwardRows(kinds, scored=loss_mask.sum(-1) > 0)):
             return super()._compute_loss(model, {**inputs, "advantages": advantages})
 
-    def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
-        """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
-        (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating.
+    def _replayed(self, rows: list[_Generated], rewards: torch.Tensor) -> dict:
+        """Attributes that make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and
+        rewards (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating.
 
         No environment is drawn or reset and no tool runs: the episodes are over, their scores recorded."""
         logprobs = [r.logprobs for r in rows]
         tool_mask = None
         if any(r.tool_mask is not None for r in rows):
             tool_mask = [r.tool_mask if r.tool_mask is not None else [1] * len(r.completion_ids) for r in rows]
-        generation = (
-            [r.prompt_ids for r in rows],
-            [r.completion_ids for r in rows],
-            tool_mask,
-            [r.completion for r in rows],
-            None if any(lp is None for lp in logprobs) else logprobs,
-            {},
-            None,
-            [],
+        generation = GenerateOutput(
+            prompt_ids=[r.prompt_ids for r in rows],
+            completion_ids=[r.completion_ids for r in rows],
+            tool_mask=tool_mask,
+            completions=[r.completion for r in rows],
+            logprobs=None if any(lp is None for lp in logprobs) else logprobs,
+            extra_fields={},
+            images=None,
+            tool_images=[],
         )
         rewards = rewards.to(self.accelerator.device)
-        return scoped_call(
-            self, _generate=lambda prompts: generation, _calculate_rewards=lambda *args: rewards, **self._no_tools()
-        )
+        return {
+            "_generate": lambda prompts: tuple(generation),
+            "_calculate_rewards": lambda *args: rewards,
+            **self._no_tools(),
+        }
 
     def _no_tools(self) -> dict:
         """Attributes that switch TRL's tools and environments off for one call (proposer rows, replayed batches)."""
@@ -376,9 +378,10 @@ class AbsoluteZeroTrainer(
         self,
         play: _SelfPlay,
         prompts: list,
-        num_generations: int,
-        prefix: str | None,
-        max_new_tokens: int | None,
+        *,
+        group_size: int,
+        prefix: str | None = None,
+        max_new_tokens: int | None = None,
         inputs: list[dict] | None = None,
     ) -> list[_Generated]:
         """One `_generate` call on this process's rows; returns every process's rows, in process order.
@@ -388,24 +391,26 @@ class AbsoluteZeroTrainer(
         generation = self._generation["proposer" if inputs is None else "solver"]
         with scoped_call(
             self,
-            mode=play.mode,
+            mode="train",
             prefix=prefix,
             max_new_tokens=max_new_tokens,
             generation=generation,
-            num_generations=num_generations,
-            num_generations_eval=num_generations,
+            num_generations=group_size,
+            num_generations_eval=group_size,
         ):
             if inputs is None:
                 with scoped_call(self, **self._no_tools()):
                     output = self._generate(prompts)
             else:
                 output = self._episodes(inputs)
-        prompt_ids, completion_ids, tool_mask, completions, logprobs, _, _, _ = output
-        logprobs = logprobs or [None] * len(prompts)
-        tool_mask = tool_mask or [None] * len(prompts)
+        output = GenerateOutput(*output)
+        logprobs = output.logprobs or [None] * len(prompts)
+        tool_mask = output.tool_mask or [None] * len(prompts)
         local = [
             _Generated(list(map(int, p)), list(map(int, c)), lp, comp, None if tm is None else list(map(int, tm)))
-            for p, c, lp, comp, tm in zip(prompt_ids, completion_ids, logprobs, completions, tool_mask, strict=True)
+            for p, c, lp, comp, tm in zip(
+                output.prompt_ids, output.completion_ids, logprobs, output.completions, tool_mask, strict=True
+            )
         ]
         rows = gather_object(local)
         play.generation_calls += 1
@@ -470,7 +475,9 @@ class AbsoluteZeroTrainer(
             group.prompt, group.context = self._proposer_prompt(play.seeds[p], rng)
         share, _ = process_share(self.accelerator, pending)
         prompts = [groups[p].prompt for p in share for _ in range(k)]
-        proposals = self._generate_rows(play, prompts, k, "proposer", args.max_question_length)
+        proposals = self._generate_rows(
+            play, prompts, group_size=k, prefix="proposer", max_new_tokens=args.max_question_length
+        )
         for j, p in enumerate(pending):  # the padding copies come after the real prompts
             groups[p].proposals = proposals[j * k : (j + 1) * k]
 
@@ -506,7 +513,7 @@ class AbsoluteZeroTrainer(
         share, _ = process_share(self.accelerator, valid)
         inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
         prompts = [row["prompt"] for row in inputs]
-        responses = self._generate_rows(play, prompts, group_size, None, None, inputs)
+        responses = self._generate_rows(play, prompts, group_size=group_size, inputs=inputs)
         local = responses[local_rows(self.accelerator, len(inputs))]
         # `self.environments` still holds this round's episodes: environment scores are recorded now.
         rewards = (
@@ -560,17 +567,17 @@ class AbsoluteZeroTrainer(
 
     # -- the self-play batch -----------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
-        mode = "train" if self.model.training else "eval"
-        if mode == "eval":
+        if not self.model.training:
             # TRL's evaluation loop (`evaluate()`) runs over the held-out questions, not seed prompts: its loss and
             # metrics are the solver's GRPO batch on them, prompted as the held-out evaluation prompts them.
             return super()._generate_and_score_completions(
                 [{**row, "prompt": self.solver_prompt_fn(dict(row), {})} for row in inputs]
             )
         args = self.args
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        # Self-play runs in training only: from here on the mode is "train", the group size `num_generations`
+        group_size = self.num_generations
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
-        play = _SelfPlay(seeds, group_size, mode, groups=[_Group() for _ in seeds])
+        play = _SelfPlay(seeds, group_size, groups=[_Group() for _ in seeds])
 
         # Rounds: propose, validate, solve, estimate learnability; repropose for the prompts with no learnable question
         pending = list(range(len(seeds)))
@@ -581,7 +588,7 @@ class AbsoluteZeroTrainer(
                 break
             play.reproposed.update(pending)
             play.attempts += len(pending)
-        if self.task_state is not None and mode == "train":
+        if self.task_state is not None:
             self.task_state.update(play.valid_questions)
 
         # One learnable question per prompt trains the solver; the proposer's reward is its proposals' learnability
@@ -625,7 +632,7 @@ class AbsoluteZeroTrainer(
                 inputs.extend([group.solver_inputs[index]] * group_size)
             keep.extend([choice is not None] * group_size)
         local = local_rows(self.accelerator, num_local)
-        with self._replaying(rows[local], torch.cat(rewards)):
+        with scoped_call(self, **self._replayed(rows[local], torch.cat(rewards))):
             batch = super()._generate_and_score_completions(inputs[local])
         mask = torch.tensor(keep[local], dtype=torch.long, device=batch["advantages"].device)
         restrict_loss(batch, mask)
@@ -649,8 +656,7 @@ class AbsoluteZeroTrainer(
         else:
             advantages = batch_baseline_advantages(real, self.scale_rewards)
 
-        multiple = args.steps_per_generation if play.mode == "train" else 1
-        per_process = padded_rows(len(slots), world, multiple)
+        per_process = padded_rows(len(slots), world, args.steps_per_generation)
         pad = per_process * world - len(slots)
         slots = slots + [slots[0]] * pad
         real = torch.cat([real, torch.zeros(pad)])
@@ -662,22 +668,7 @@ class AbsoluteZeroTrainer(
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one reward named after its mode (logged under
         # `proposer/rewards/<mode>/`), groups of one (advantages set below).
-        # TRL's completions table stays about solver rows (its columns must have equal lengths).
-        with (
-            scoped_call(
-                self,
-                mode=play.mode,
-                prefix="proposer",
-                num_generations=1,
-                num_generations_eval=1,
-                reward_func_names=[args.proposer_reward_mode],
-                reward_weights=torch.ones(1),
-                multi_objective_aggregation="sum_then_normalize",
-                _logs=self._empty_logs(),
-            ),
-            self._replaying(rows, real.unsqueeze(1)),
-            self._fused_heads.at(self._proposer_temperature),  # old and reference log-probs at its temperature
-        ):
+        with self._kind_call(self._proposer, "train", **self._replayed(rows, real.unsqueeze(1))):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device
         batch["advantages"] = advantages[local].to(device)
@@ -686,7 +677,7 @@ class AbsoluteZeroTrainer(
 
     def _log_self_play(self, play: _SelfPlay, num_proposer_rows: int):
         """Self-play metrics (README, AbsoluteZeroTrainer), computed from gathered data (identical on every process)."""
-        m, groups, selected = self._metrics[play.mode], play.groups, play.selected
+        m, groups, selected = self._metrics["train"], play.groups, play.selected
         learnable = [x for g in groups for x in g.learnable if x is not None]
         proposals = [x for g in groups for x in g.learnable]
         trained_rewards = [r for g_rewards in play.proposer_rewards for r in g_rewards]
