@@ -83,6 +83,14 @@ _RESERVED = {
     "environment",
 }
 
+PAPER = arxiv_paper(  # the paper the model card cites
+    "zhao2025absolute",
+    "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
+    "Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang",
+    2025,
+    "2505.03335",
+)
+
 
 class _EpisodesGenerated(Exception):  # a control-flow signal, not an error
     """Carries `_generate`'s output out of `GRPOTrainer._generate_and_score_completions` (see `_episodes`)."""
@@ -194,13 +202,7 @@ class AbsoluteZeroTrainer(
     _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
     checkpoint_state_name = "absolute_zero_state"
     _name = "Absolute Zero"
-    _paper = arxiv_paper(
-        "zhao2025absolute",
-        "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
-        "Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang",
-        2025,
-        "2505.03335",
-    )
+    _paper = PAPER
 
     def __init__(
         self,

@@ -112,6 +112,16 @@ class TrlExtGRPOConfig(GRPOConfig):
             self.num_generations_eval = self.eval_num_samples
         super().__post_init__()
 
+    def check_turns(self, kwargs_field: str, length_field: str, temperature_field: str, rows: str) -> None:
+        """Refuse bad settings of a trainer's two turns: the second turn's length (`length_field`), each turn's
+        generation kwargs (`generation_kwargs`, `kwargs_field`) and the second turn's temperature, at which its
+        `rows`' log-probs are computed."""
+        if getattr(self, length_field) < 1:
+            raise ValueError(f"{length_field} must be positive (got {getattr(self, length_field)}).")
+        self.check_generation_kwargs("generation_kwargs", "max_completion_length", temperature_field="temperature")
+        self.check_generation_kwargs(kwargs_field, length_field, temperature_field=temperature_field)
+        self.check_turn_temperature(temperature_field, rows)
+
     def check_turn_temperature(self, field_name: str, rows: str) -> None:
         """Refuse a turn's own temperature (`field_name`, `None`: the main turn's) unless positive and finite: the
         log-probs of that turn's `rows` are computed at it."""

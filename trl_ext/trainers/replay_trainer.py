@@ -50,6 +50,15 @@ from .seams.scoping import scoped_call, standing_generation
 from .seams.tool_rounds import CollectiveToolRounds
 
 
+PAPER = arxiv_paper(  # the paper the model card cites
+    "zhan2025exgrpo",
+    "ExGRPO: Learning to Reason from Experience",
+    "Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng",
+    2025,
+    "2510.02245",
+)
+
+
 @dataclass
 class ReplayPlan:
     """How one generation batch is filled, identical on every process."""
@@ -168,13 +177,7 @@ class ReplayGRPOTrainer(
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
     checkpoint_state_name = "replay_state"
     _name = "Replay GRPO"
-    _paper = arxiv_paper(
-        "zhan2025exgrpo",
-        "ExGRPO: Learning to Reason from Experience",
-        "Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng",
-        2025,
-        "2510.02245",
-    )
+    _paper = PAPER
 
     def __init__(self, model, reward_funcs=None, args: ReplayGRPOConfig | None = None, **kwargs):
         args = checked_args(args, ReplayGRPOConfig, "Replay-GRPO")

@@ -62,6 +62,14 @@ LABEL_COLUMN = "answer_correct"  # the parent answer's accuracy, passed to the B
 
 logger = logging.getLogger(__name__)
 
+PAPER = arxiv_paper(  # the paper the model card cites
+    "damani2025beyond",
+    "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
+    "Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas",
+    2025,
+    "2507.16806",
+)
+
 
 class ConfidenceReferenceSkip:
     """`confidence_beta=0` (with `beta` non-zero): the confidence rows have no KL term, so their turn skips TRL's
@@ -141,13 +149,7 @@ class RLCRMultiTurnTrainer(
 
     _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
     _name = "RLCR (multi-turn)"
-    _paper = arxiv_paper(
-        "damani2025beyond",
-        "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
-        "Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas",
-        2025,
-        "2507.16806",
-    )
+    _paper = PAPER
 
     def __init__(
         self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs
