@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from itertools import zip_longest
 
@@ -38,7 +38,7 @@ from ..core.experience import (
     masked_mean_entropy,
     task_id_of,
 )
-from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
+from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, k3_kl, off_policy_token_loss
 from ..evaluation.heldout_metrics import sample_accuracy
 from .base import TrlExtGRPOTrainer
 from .replay_config import ReplayGRPOConfig
@@ -335,7 +335,7 @@ class ReplayGRPOTrainer(
         scored = self._scored(batch.rewards_per_func)
         fresh = ~torch.tensor(plan.global_stored, device=success.device) & scored
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
-        logps, entropies = capture if capture else (None, None)
+        logps, entropies = capture if capture else (None, None)  # (B, T) each
 
         # Experience collection: this process's successful fresh rollouts of tasks in the collection window
         outcomes, wanted = self._group_outcomes(plan, success, scored)
@@ -343,19 +343,7 @@ class ReplayGRPOTrainer(
         records = {plan.offset + i: self._local_record(batch, output, i) for i in local}
         records = {row: record for row, record in records.items() if record is not None}
         pending = PendingCollection(outcomes, records, self.state.global_step, records_expected=bool(wanted))
-        if logps is not None or not wanted:
-            for row, record in records.items():
-                record.fill(logps[row - plan.offset], entropies[row - plan.offset])
-            self._collect(pending)
-        else:
-            # No forward pass of the policy happened yet: the first loss forward over these rows (same weights, as
-            # TRL only skips old log-probs when no optimizer step falls inside a generation batch) supplies their
-            # log-probs and entropies; the buffer is updated before the next batch is planned.
-            batch.collection = pending
-            rows = torch.full((len(plan.local_inputs),), -1, dtype=torch.long, device=output["completion_ids"].device)
-            for row in records:
-                rows[row - plan.offset] = row
-            output["replay_collect"] = rows
+        self._collect_or_defer(batch, output, pending, logps, entropies)
 
         # Mark the off-policy rows for the loss
         if plan.has_replay:
@@ -568,6 +556,68 @@ class ReplayGRPOTrainer(
             if metrics.get(key):  # TRL's value of this batch, over every row
                 metrics[key][-1] = reduce(gathered[:, column]).item()
 
+    def _add_replay_keys(self, output, plan: ReplayPlan):
+        """`exp_mask` on the stored rows' completion tokens; their recorded log-probs in `old_per_token_logps`.
+
+        On-policy rows keep TRL's old log-probs when TRL computed them. When it did not (aligned steps, no vLLM),
+        their entries are zeros that the loss never reads (`replay_has_old_logps` is 0): as in GRPOTrainer, the
+        current log-probs stand in for them.
+        """
+        completion_mask = output["completion_mask"]
+        exp_mask = torch.zeros_like(completion_mask)
+        old = output.get("old_per_token_logps")
+        has_old = old is not None
+        old = old.clone() if has_old else torch.zeros(completion_mask.shape, device=completion_mask.device)
+        for i, trajectory in enumerate(plan.stored):
+            if trajectory is None:
+                continue
+            length = trajectory.num_tokens
+            exp_mask[i, :length] = completion_mask[i, :length]
+            if self.args.exp_is_correct:
+                old[i, :length] = trajectory.logps.to(old.device, old.dtype)
+        output["exp_mask"] = exp_mask
+        output["old_per_token_logps"] = old
+        output["replay_has_old_logps"] = torch.tensor(has_old, device=completion_mask.device)
+
+    # -- experience collection -----------------------------------------------------------------------------------
+    # The fresh successes of a batch are stored with the log-probs and entropy of the policy's first forward pass over
+    # them. When TRL computed old log-probs (that forward, at generation) they are collected at once. Otherwise the
+    # collection waits for the first loss forward over those rows (same weights: TRL skips old log-probs only when no
+    # optimizer step falls inside a generation batch), and is applied, identically on every process, before the next
+    # batch is planned, at the end of training and before a checkpoint. The whole mechanism: `_collect_or_defer`,
+    # `_collecting_forward`, `_flush_pending`, `_collect`.
+
+    def _collect_or_defer(self, batch: ReplayBatch, output, pending: PendingCollection, logps, entropies) -> None:
+        """Collect `pending` now with the generation forward's `logps` and `entropies` `(B, T)`, or (none) mark its
+        rows in `output["replay_collect"]` (`(B,)`: the gathered row index, -1 for rows not stored) for the loss."""
+        plan = batch.plan
+        if logps is not None or not pending.records_expected:
+            for row, record in pending.records.items():
+                record.fill(logps[row - plan.offset], entropies[row - plan.offset])
+            self._collect(pending)
+            return
+        batch.collection = pending
+        rows = torch.full((len(plan.local_inputs),), -1, dtype=torch.long, device=output["completion_ids"].device)
+        for row in pending.records:
+            rows[row - plan.offset] = row
+        output["replay_collect"] = rows
+
+    @contextmanager
+    def _collecting_forward(self, inputs: dict, needed: bool):
+        """Capture the policy's `(log-probs, entropies)` of the loss forward inside the block (`needed`: the caller
+        reads them) and give them to the rows of a waiting collection that this micro-batch holds."""
+        pending = self._batch.collection if self._batch is not None else None
+        collect = inputs.get("replay_collect") if pending is not None else None
+        capture = []
+        with scoped_call(self, _capture_forward=capture if needed or collect is not None else None):
+            yield capture
+        if collect is not None and capture:
+            logps, entropies = capture
+            for i in torch.nonzero(collect >= 0).flatten().tolist():
+                record = pending.records.get(int(collect[i]))
+                if record is not None and record.logps is None:
+                    record.fill(logps[i], entropies[i])
+
     def _collect(self, pending: PendingCollection) -> None:
         """Gather the stored rows of every process and update the buffer, identically everywhere."""
         n = self.num_generations
@@ -596,40 +646,11 @@ class ReplayGRPOTrainer(
         self._flush_pending()  # the last generation batch's rollouts
         return output
 
-    def _add_replay_keys(self, output, plan: ReplayPlan):
-        """`exp_mask` on the stored rows' completion tokens; their recorded log-probs in `old_per_token_logps`.
-
-        On-policy rows keep TRL's old log-probs when TRL computed them. When it did not (aligned steps, no vLLM),
-        their entries are zeros that the loss never reads (`replay_has_old_logps` is 0): as in GRPOTrainer, the
-        current log-probs stand in for them.
-        """
-        completion_mask = output["completion_mask"]
-        exp_mask = torch.zeros_like(completion_mask)
-        old = output.get("old_per_token_logps")
-        has_old = old is not None
-        old = old.clone() if has_old else torch.zeros(completion_mask.shape, device=completion_mask.device)
-        for i, trajectory in enumerate(plan.stored):
-            if trajectory is None:
-                continue
-            length = trajectory.num_tokens
-            exp_mask[i, :length] = completion_mask[i, :length]
-            if self.args.exp_is_correct:
-                old[i, :length] = trajectory.logps.to(old.device, old.dtype)
-        output["exp_mask"] = exp_mask
-        output["old_per_token_logps"] = old
-        output["replay_has_old_logps"] = torch.tensor(has_old, device=completion_mask.device)
-
     # -- the loss --------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        pending = self._batch.collection if self._batch is not None else None
-        collect = inputs.get("replay_collect") if pending is not None else None
-        if "exp_mask" not in inputs:
-            capture = []
-            with scoped_call(self, _capture_forward=capture if collect is not None else None):
-                loss = super()._compute_loss(model, inputs)
-            if capture:
-                self._fill_pending(pending, collect, *capture)
-            return loss
+        if "exp_mask" not in inputs:  # no replayed rows: GRPOTrainer's loss
+            with self._collecting_forward(inputs, needed=False):
+                return super()._compute_loss(model, inputs)
         args = self.args
         mode = "train" if self.model.training else "eval"
         exp_mask = inputs["exp_mask"]
@@ -640,12 +661,9 @@ class ReplayGRPOTrainer(
         if not bool(inputs.get("replay_has_old_logps", True)):
             del on_inputs["old_per_token_logps"]  # TRL computed none: the parent uses the current log-probs
 
-        capture = []
-        with scoped_call(self, _capture_forward=capture):
+        with self._collecting_forward(inputs, needed=True) as capture:
             on_loss = super()._compute_loss(model, on_inputs)
         per_token_logps = capture[0]
-        if collect is not None:
-            self._fill_pending(pending, collect, *capture)
 
         recorded = inputs["old_per_token_logps"] if args.exp_is_correct else None
         log_ratio, clamped = importance_log_ratio(per_token_logps, recorded)
@@ -658,11 +676,8 @@ class ReplayGRPOTrainer(
             clip_ratio_c=args.clip_ratio_c,
             shaping_beta=args.shaping_beta,
         )
-        if self.beta != 0.0:
-            ref = inputs["ref_per_token_logps"]
-            off_token_loss = off_token_loss + self.beta * (
-                torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
-            )
+        if self.beta != 0.0:  # TRL's KL term, on the off-policy tokens too
+            off_token_loss = off_token_loss + self.beta * k3_kl(per_token_logps, inputs["ref_per_token_logps"])
         loss = add_off_policy_loss(
             on_loss,
             off_token_loss,
@@ -678,14 +693,6 @@ class ReplayGRPOTrainer(
         )
         self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask, clamped)
         return loss
-
-    @staticmethod
-    def _fill_pending(pending: PendingCollection, collect, logps, entropies) -> None:
-        """Give the rows waiting in `pending` their log-probs and entropies from the loss forward over `collect`."""
-        for i in torch.nonzero(collect >= 0).flatten().tolist():
-            record = pending.records.get(int(collect[i]))
-            if record is not None and record.logps is None:
-                record.fill(logps[i], entropies[i])
 
     # -- metrics ---------------------------------------------------------------------------------------------------
     def _log_loss(
