@@ -155,6 +155,17 @@ class AbsoluteZeroTrainer(
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
 
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the self-play rounds on gathered data,
+    then TRL's own method once per row kind, replaying the recorded rows and rewards, and the joined batch) and
+    `_compute_loss` (proposer rows weighted, rows without loss skipped, then TRL's loss); for one call each,
+    `_generate` and `_calculate_rewards` (recorded rows and rewards) and `_generate` again to end a solving round's
+    episodes once TRL has run them. Through its seams: `_get_per_token_logps_and_entropies` (`RowKindForwards`: one
+    forward per row kind at its temperature), the tool loop in step across processes (`CollectiveToolRounds`) and
+    `_generate_single_turn` (`VLLMContextLimit`); the base adds checkpoints, model cards, held-out evaluation and
+    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, tool
+    episodes, old and reference log-probs, solver rewards and group advantages, vLLM importance sampling, the loss of
+    every `loss_type`, logging and the completions table.
+
     Args:
         model: As [`~trl.GRPOTrainer`].
         reward_funcs: Solver reward functions in TRL's signature. The parsed question's fields arrive as columns
@@ -309,8 +320,10 @@ class AbsoluteZeroTrainer(
         return metrics
 
     def _compute_loss(self, model, inputs):
+        # TRL's loss over the micro-batch's solver and proposer rows, with two changes: the proposer rows' weight and
+        # the forward (one per row kind, rows without loss skipped).
         # Proposer rows are weighted here rather than in the batch, so logged advantages stay comparable per kind.
-        advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)
+        advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)  # (B,), or (B, T) with per-token advantages
         if KIND_KEY in inputs:
             weight = torch.where(inputs[KIND_KEY] == PROPOSER, self.args.proposer_loss_weight, 1.0)
             advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
@@ -575,13 +588,17 @@ class AbsoluteZeroTrainer(
             return super()._generate_and_score_completions(
                 [{**row, "prompt": self.solver_prompt_fn(dict(row), {})} for row in inputs]
             )
+        # Self-play runs in training only: from here on the mode is "train", the group size G = `num_generations`.
+        # Every decision below is taken on gathered data, identically on every process: generation and reward
+        # calls are collectives (vLLM server mode, multi-process), so every process makes the same calls with the
+        # same row counts.
         args = self.args
-        # Self-play runs in training only: from here on the mode is "train", the group size `num_generations`
         group_size = self.num_generations
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
         play = _SelfPlay(seeds, group_size, groups=[_Group() for _ in seeds])
 
-        # Rounds: propose, validate, solve, estimate learnability; repropose for the prompts with no learnable question
+        # 1. Rounds: propose K questions per seed prompt, validate, solve each valid one G times, estimate
+        #    learnability; repropose for the prompts with no learnable question
         pending = list(range(len(seeds)))
         while True:
             self._round(play, pending)
@@ -593,7 +610,8 @@ class AbsoluteZeroTrainer(
         if self.task_state is not None:
             self.task_state.update(play.valid_questions)
 
-        # One learnable question per prompt trains the solver; the proposer's reward is its proposals' learnability
+        # 2. Select: one learnable question per prompt trains the solver; the proposer's reward is its proposals'
+        #    learnability
         rng = self._selection_rng()
         play.selected = [select_question(g.learnable, rng) for g in play.groups]
         play.proposer_rewards = [
@@ -609,7 +627,9 @@ class AbsoluteZeroTrainer(
             for g, choice in zip(play.groups, play.selected, strict=True)
         ]
 
-        # The batch: TRL builds each kind's rows from the recorded generations, solver rows first
+        # 3. The batch: TRL builds each kind's rows from the recorded generations, solver rows first: B = len(inputs)
+        #    solver rows (G per prompt), then the proposer rows, padded to a per-process multiple of
+        #    `steps_per_generation`; the two pad to one T when joined
         solver = self._solver_batch(play, len(inputs))
         proposer, num_proposer_rows = self._proposer_batch(play)
         batch = concat_row_kinds({SOLVER: solver, PROPOSER: proposer}, self._tokenizer.pad_token_id, self.accelerator)

@@ -149,6 +149,18 @@ class ReplayGRPOTrainer(
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
 
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (plans the batch, runs TRL's method once,
+    marks the replayed rows and collects the fresh successes), `_compute_loss` (TRL's loss on the on-policy tokens
+    plus the off-policy loss on the replayed ones, from the same forward), `_get_per_token_logps_and_entropies`
+    (captures the policy's log-probs and entropies), `_tokenize_prompts` (stored prompt ids), `_calculate_rewards`
+    (environment rewards of stored episodes), `_tool_call_loop` (skips stored episodes), `train` and
+    `_save_checkpoint` (apply a waiting collection); for one call, `_generate_single_turn` (a splice that generates
+    the fresh rows only). Through its seams: `_generate` / `_calculate_rewards` (`RecordsCalls`) and the tool loop in
+    step across processes (`CollectiveToolRounds`); the base adds checkpoints, model cards, held-out evaluation and
+    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, old and
+    reference log-probs, reward gathering and group advantages (replayed rows are re-scored with the fresh ones), vLLM
+    importance sampling, the on-policy loss of every `loss_type`, logging and the completions table.
+
     Args:
         model, reward_funcs: As [`~trl.GRPOTrainer`]. Success is read from `args.success_reward` (default: the first
             reward function).
@@ -313,31 +325,39 @@ class ReplayGRPOTrainer(
 
     # -- the batch -----------------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
+        # Shapes: B = len(inputs) rows per process (G per group, groups possibly spanning processes), T the padded
+        # completion length; TRL's rewards are gathered, (W * B, F), and so are the plan's per-row lists.
         if not self.model.training:  # evaluation: plain GRPO, the buffer is neither used nor fed
             return super()._generate_and_score_completions(inputs)
         args = self.args
         if not self.replay_active and self.state.max_steps > 0:
             self.replay_active = self.state.global_step / self.state.max_steps >= args.replay_start_ratio
 
-        # The previous batch's collection first: this batch is planned from the buffer it updates.
+        # 1. Plan: which groups replay which buffered task (the last k rows of each are stored trajectories), from
+        #    gathered task ids and a buffer that is identical on every process, so every process plans alike. The
+        #    previous batch's collection first: this batch is planned from the buffer it updates.
         self._flush_pending()
         self._log_buffer()
         plan = self._plan_batch(list(inputs))
         batch = self._batch = ReplayBatch(plan=plan)
+
+        # 2. TRL's batch, once: the splice generates the fresh rows only and inserts the stored completions; every
+        #    row is re-scored by the current reward functions and normalised within its group. The first policy
+        #    forward (old log-probs, when TRL computes them) is captured for the collection.
         capture = []
         with self.recording(batch), scoped_call(self, _capture_forward=capture), self._fresh_generation(plan):
             output = super()._generate_and_score_completions(plan.local_inputs)
-
         if not (capture and capture[0] is output.get("old_per_token_logps")):
             capture = []  # TRL computed no old log-probs; the forward caught, if any, was the reference model's
-        # Judge the fresh rollouts of every group
+
+        # 3. Judge the fresh rollouts of every group (gathered: every process judges the same rows)
         success = self._success(batch.rewards_per_func)
         scored = self._scored(batch.rewards_per_func)
         fresh = ~torch.tensor(plan.global_stored, device=success.device) & scored
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
         logps, entropies = capture if capture else (None, None)  # (B, T) each
 
-        # Experience collection: this process's successful fresh rollouts of tasks in the collection window
+        # 4. Experience collection: this process's successful fresh rollouts of tasks in the collection window
         outcomes, wanted = self._group_outcomes(plan, success, scored)
         local = [i - plan.offset for i in wanted if plan.offset <= i < plan.offset + len(plan.local_inputs)]
         records = {plan.offset + i: self._local_record(batch, output, i) for i in local}
@@ -345,7 +365,7 @@ class ReplayGRPOTrainer(
         pending = PendingCollection(outcomes, records, self.state.global_step, records_expected=bool(wanted))
         self._collect_or_defer(batch, output, pending, logps, entropies)
 
-        # Mark the off-policy rows for the loss
+        # 5. Mark the off-policy rows for the loss: `exp_mask` (B, T), their recorded log-probs as old log-probs
         if plan.has_replay:
             self._log_fresh_sampling_ratio(plan, output)
             self._add_replay_keys(output, plan)
@@ -653,6 +673,8 @@ class ReplayGRPOTrainer(
                 return super()._compute_loss(model, inputs)
         args = self.args
         mode = "train" if self.model.training else "eval"
+
+        # 1. Split the loss tokens (B, T): on-policy (fresh rows) and off-policy (replayed rows), disjoint.
         exp_mask = inputs["exp_mask"]
         base = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         on_mask, off_mask = base * (1 - exp_mask), base * exp_mask
@@ -661,10 +683,12 @@ class ReplayGRPOTrainer(
         if not bool(inputs.get("replay_has_old_logps", True)):
             del on_inputs["old_per_token_logps"]  # TRL computed none: the parent uses the current log-probs
 
+        # 2. GRPOTrainer's loss on the on-policy tokens; its forward's log-probs (B, T) serve the off-policy part too.
         with self._collecting_forward(inputs, needed=True) as capture:
             on_loss = super()._compute_loss(model, on_inputs)
         per_token_logps = capture[0]
 
+        # 3. Off-policy tokens: importance ratio to the recorded log-probs, dual-clip or shaping loss (B, T), + KL.
         recorded = inputs["old_per_token_logps"] if args.exp_is_correct else None
         log_ratio, clamped = importance_log_ratio(per_token_logps, recorded)
         off_token_loss = off_policy_token_loss(
@@ -678,6 +702,8 @@ class ReplayGRPOTrainer(
         )
         if self.beta != 0.0:  # TRL's KL term, on the off-policy tokens too
             off_token_loss = off_token_loss + self.beta * k3_kl(per_token_logps, inputs["ref_per_token_logps"])
+        # 4. One aggregation over all tokens with the configured `loss_type`, as TRL normalises it (the token count
+        #    `num_items_in_batch` is global: every process divides by the same number).
         loss = add_off_policy_loss(
             on_loss,
             off_token_loss,

@@ -124,6 +124,16 @@ class RLCRMultiTurnTrainer(
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the two turns: TRL's own method called
+    once per turn, then span masks, advantage weights and the joined batch), `_compute_loss` (sets the rows the loss
+    forward scores and the KL per row kind, then TRL's loss), `_prepare_inputs` (keeps each answer with its
+    confidences), and through its seams `_get_per_token_logps_and_entropies` (`RowKindForwards`: packed families, or
+    one forward per row kind at its temperature), `_generate` / `_calculate_rewards` (`RecordsCalls`) and
+    `_generate_single_turn` (`VLLMContextLimit`); the base adds checkpoints, model cards, held-out evaluation and
+    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, old and
+    reference log-probs, reward gathering and group advantages, vLLM importance sampling, the loss of every
+    `loss_type`, logging and the completions table.
+
     Args:
         model: As [`~trl.GRPOTrainer`].
         reward_funcs: Extra reward functions for the answer rows (e.g. a format reward). Accuracy (answer rows) and
@@ -267,7 +277,9 @@ class RLCRMultiTurnTrainer(
         return inputs
 
     def _compute_loss(self, model, inputs):
-        # The loss forward packs each family around its prompt, or scores each row kind on its own (`_own_logps_...`)
+        # TRL's loss over the micro-batch's answer and confidence rows; only its forward and its KL coefficient
+        # differ. The forward packs each family around its prompt, or scores each row kind on its own
+        # (`_own_logps_and_entropies`).
         kinds = inputs.get(KIND_KEY)  # (B,)
         scoped = {"_forward_rows": ForwardRows(kinds, families=inputs.get(FAMILY_KEY) if self._share_prefix else None)}
         confidence_rows = None
@@ -419,12 +431,15 @@ class RLCRMultiTurnTrainer(
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
+        # Shapes per process: B = len(inputs) answer rows (prompts x G_a, as TRL's sampler repeats them), B * G_c
+        # confidence rows; T: each batch's padded completion length. TRL's reward tensors are gathered: (W * ., F).
         mode = "train" if self.model.training else "eval"
         args = self.args
         g_a = self.num_generations if mode == "train" else self.num_generations_eval
         g_c = args.num_generations_confidence
 
-        # Turn 1: answers, scored by accuracy (+ extra reward functions), GRPO advantages within each prompt.
+        # 1. Answer turn: TRL generates, scores by accuracy (+ extra reward functions) and normalises advantages
+        #    within each prompt's G_a answers. The record keeps the ids and the gathered rewards (W * B, F).
         with self.recording() as answer_turn:
             answers = super()._generate_and_score_completions(inputs)
         prompt_ids, answer_ids = answer_turn.prompt_ids, answer_turn.completion_ids
@@ -433,7 +448,7 @@ class RLCRMultiTurnTrainer(
         # Accuracy is reward function 0. NaN: the row had no gold answer, so its confidences get no label (no Brier).
         correct = [None if math.isnan(c) else c for c in rewards[local, 0].clamp(0, 1).round().tolist()]
 
-        # Turn 2: for each answer, G_c confidences in one generation call on token-concatenated prompts.
+        # 2. Confidence prompts, on tokens: prompt + answer (+ end of turn) + the template's confidence question.
         turn2_inputs, turn2_prompt_ids = [], []
         answer_texts = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
         for row, p_ids, a_ids, answer_text, label in zip(
@@ -448,27 +463,32 @@ class RLCRMultiTurnTrainer(
             for _ in range(g_c):
                 turn2_prompt_ids.append(ids)
                 turn2_inputs.append({**row, "prompt": conversation, LABEL_COLUMN: label})
+        # 3. Confidence turn: G_c confidences per answer in one call of TRL's method, Brier-scored against the
+        #    answer's correctness, advantages normalised among each answer's G_c siblings.
         with self._confidence_turn(turn2_prompt_ids, mode) as confidence_turn:
             confidences = super()._generate_and_score_completions(turn2_inputs)
         confidence_ids = confidence_turn.completion_ids
-        brier = confidence_turn.rewards_per_func[:, 0]
+        brier = confidence_turn.rewards_per_func[:, 0]  # (W * B * G_c,)
         self._reference_skip.mark(confidences, answers)
 
-        # Span masks (loss only), delivered as `tool_mask`.
+        # 4. Span masks (B, T) and (B * G_c, T): the loss reads only the answer and confidence spans (`tool_mask`).
         answer_mask, answer_closed = self._span_masks(answer_ids, self._answer_span, answers["completion_ids"])
         confidence_mask, _ = self._span_masks(confidence_ids, self._confidence_span, confidences["completion_ids"])
         restrict_loss(answers, answer_mask)
         restrict_loss(confidences, confidence_mask)
 
-        # Advantages: lambda-weighted; confidence rows optionally re-standardised over the prompt's G_a * G_c rows.
-        answers["advantages"] = answers["advantages"] * args.lambda_ans
-        conf_adv = confidences["advantages"]
+        # 5. Advantages: lambda-weighted; confidence rows optionally re-standardised over the prompt's G_a * G_c rows.
+        answers["advantages"] = answers["advantages"] * args.lambda_ans  # (B,)
+        conf_adv = confidences["advantages"]  # (B * G_c,)
         if args.confidence_normalization == "answer_then_prompt":
+            # A prompt's G_a * G_c confidence rows may span processes: normalise over the gathered rows (every
+            # process gathers the same number, B * G_c), then keep this process's slice.
             gathered = self.accelerator.gather(conf_adv).clone()
             gathered[torch.isnan(brier.to(gathered.device))] = math.nan  # unlabelled rows stay out, and at 0
             conf_adv = group_advantages(gathered, g_a * g_c)[local_rows(self.accelerator, len(turn2_inputs))]
         confidences["advantages"] = conf_adv * args.lambda_conf
 
+        # 6. One batch: B answer rows, then B * G_c confidence rows, each tagged with its kind and family.
         device = answers["advantages"].device
         answers[FAMILY_KEY] = torch.arange(len(inputs), device=device)
         confidences[FAMILY_KEY] = torch.arange(len(inputs), device=device).repeat_interleave(g_c)
