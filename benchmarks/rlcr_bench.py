@@ -88,7 +88,7 @@ from trl_ext.models.warmup import rlcr_format_examples
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.base_config import TrlExtGRPOConfig
+from trl_ext.trainers.base import TrlExtGRPOConfig
 
 
 RESULTS = results_dir()

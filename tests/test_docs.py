@@ -220,3 +220,67 @@ def test_the_layout_map_lists_every_package_folder_and_only_real_paths():
         "not a package": [],
     }
     assert [e for e in entries if not (ROOT / e).exists()] == []
+
+
+# The design document's seam table.
+
+TABLE_TRAINERS = {
+    "RLCR": "RLCRMultiTurnTrainer",
+    "Replay": "ReplayGRPOTrainer",
+    "Absolute Zero": "AbsoluteZeroTrainer",
+}
+NOT_A_SEAM = {"__init__", "_tag_names", "_name", "_paper"}  # every trainer's constructor; the model card's metadata
+
+
+def _seam_table() -> dict[str, dict[str, str]]:
+    """`{method: {column: cell}}` of the design document's seam table (a row naming several methods gives each)."""
+    section = DESIGN.read_text().split("## The seams", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
+        for method in re.findall(r"`(\w+)`", cells["seam"]):
+            rows[method] = cells
+    return rows
+
+
+def test_the_seam_table_matches_each_trainers_mro():
+    """Per trainer, both ways: every `GRPOTrainer` method a class of its MRO overrides has a row whose cell is not `—`
+    and names the mixins that override it; a `—` cell is a method no class of it overrides; every mixin of the MRO is
+    named in its column, and every class its column names exists (in the MRO when it overrides a seam)."""
+    from trl import GRPOTrainer
+
+    import trl_ext.trainers
+
+    table = _seam_table()
+    trainers = {column: getattr(trl_ext.trainers, name) for column, name in TABLE_TRAINERS.items()}
+    mixins = {k.__name__ for cls in trainers.values() for k in cls.__mro__[1 : cls.__mro__.index(GRPOTrainer)]}
+    modules = [m for name, m in sys.modules.items() if name.startswith("trl_ext.")]
+    problems = []
+    for column, cls in trainers.items():
+        own = cls.__mro__[: cls.__mro__.index(GRPOTrainer)]
+        overriders: dict[str, set[str]] = {}
+        for k in own:
+            for name in vars(k):
+                if hasattr(GRPOTrainer, name) and not name.startswith("__") and name not in NOT_A_SEAM:
+                    overriders.setdefault(name, set()).add(k.__name__)
+        for method, by in sorted(overriders.items()):
+            cell = table.get(method, {}).get(column, "—")
+            named = set(re.findall(r"`([A-Z]\w+)`", cell)) & mixins
+            if cell.startswith("—"):
+                problems.append(f"{column}: {method} is overridden by {sorted(by)}; the table says TRL's")
+            elif named != by - {cls.__name__, "TrlExtGRPOTrainer"}:
+                problems.append(f"{column}: {method} is overridden by {sorted(by)}; the table names {sorted(named)}")
+        for method, cells in table.items():
+            if method not in overriders and not cells[column].startswith("—"):
+                problems.append(f"{column}: the table has an override of {method}; no class of the MRO defines it")
+        column_names = {name for cells in table.values() for name in re.findall(r"`([A-Z]\w+)`", cells[column])}
+        listed = column_names & mixins
+        expected = {k.__name__ for k in own[1:]} - {"TrlExtGRPOTrainer"}
+        if listed != expected:
+            problems.append(f"{column}: the MRO's mixins are {sorted(expected)}; the table names {sorted(listed)}")
+        for name in sorted(column_names - mixins):
+            if not any(isinstance(getattr(m, name, None), type) for m in modules):
+                problems.append(f"{column}: the table names {name}, which no trl_ext module defines")
+    assert problems == []

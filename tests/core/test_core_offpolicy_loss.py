@@ -9,6 +9,7 @@ from trl_ext.core.offpolicy_loss import (
     MAX_LOG_RATIO,
     add_off_policy_loss,
     importance_log_ratio,
+    k3_kl,
     off_policy_token_loss,
 )
 
@@ -74,6 +75,22 @@ def test_extreme_log_ratios_are_clamped_and_counted():
     assert clamped.item() == 2
     assert log_ratio.tolist() == [[MAX_LOG_RATIO, MAX_LOG_RATIO, 0.0]]
     assert torch.isfinite(off_policy_token_loss(log_ratio, torch.tensor([1.0]))).all()
+
+
+def test_k3_kl_against_hand_computed_values():
+    # policy 0.5 vs reference 0.25: exp(ln 0.5) - ln 0.5 - 1 = 0.5 + 0.693147 - 1; the other way round:
+    # exp(ln 2) - ln 2 - 1 = 2 - 0.693147 - 1; equal log-probs: 0
+    logps = torch.log(torch.tensor([[0.5, 0.25, 0.3]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5, 0.3]]))
+    expected = torch.tensor([[0.5 + math.log(2) - 1, 2 - math.log(2) - 1, 0.0]])
+    torch.testing.assert_close(k3_kl(logps, ref), expected, atol=1e-6, rtol=0)
+
+
+def test_k3_kl_gradient_is_zero_where_policy_and_reference_agree():
+    logps = torch.log(torch.tensor([0.2, 0.6])).requires_grad_()
+    k3_kl(logps, torch.log(torch.tensor([0.2, 0.3]))).sum().backward()
+    # d/dlogp = 1 - exp(ref - logp): 0 at agreement, 1 - 0.5 where the reference is half as likely
+    torch.testing.assert_close(logps.grad, torch.tensor([0.0, 0.5]))
 
 
 def test_unknown_mode_is_an_error():

@@ -1,4 +1,4 @@
-"""RLCR's held-out evaluation during training (`trainer.evaluate()`, trainers/heldout.py): scripted answers and
+"""RLCR's held-out evaluation during training (`trainer.evaluate()`, trainers/seams/heldout.py): scripted answers and
 confidences on a hand-computable set, evaluated at the configured steps through the trainer's generation path."""
 
 import math

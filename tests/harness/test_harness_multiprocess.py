@@ -1,4 +1,4 @@
-"""Harness (c): two torchrun ranks (gloo) train plain GRPOTrainer for 2 steps and end with identical weights."""
+"""Two torchrun ranks (gloo) train plain GRPOTrainer for 2 steps and end with identical weights."""
 
 import time
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Harness (b): scripted generation on plain `trl.GRPOTrainer` gives exact, hand-computable batches."""
+"""Scripted generation on plain `trl.GRPOTrainer` gives exact, hand-computable batches."""
 
 import pytest
 import torch

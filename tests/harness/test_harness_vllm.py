@@ -1,4 +1,4 @@
-"""Harness (d): plain GRPOTrainer in vLLM server mode, through TRL's real VLLMGeneration/VLLMClient over HTTP."""
+"""Plain GRPOTrainer in vLLM server mode, through TRL's real VLLMGeneration/VLLMClient over HTTP."""
 
 import pytest
 import requests

@@ -10,9 +10,8 @@ from trl import GRPOTrainer
 
 from trl_ext.testing import cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.rlcr_trainer import ForwardRows
-from trl_ext.trainers.row_kind_forwards import KindRows
-from trl_ext.trainers.scoping import scoped_call
+from trl_ext.trainers.seams.row_kind_forwards import ForwardRows
+from trl_ext.trainers.seams.scoping import scoped_call
 
 
 def rlcr_trainer(tmp_path, model):
@@ -56,7 +55,7 @@ def test_rlcr_split_loss_forward_is_the_same_on_every_process(tmp_path, types):
         with (
             mock.patch.object(type(trainer.accelerator), "num_processes", two) if processes == 2 else mock.MagicMock()
         ):
-            with scoped_call(trainer, _forward_rows=ForwardRows(), _kind_rows=KindRows(torch.tensor(types))):
+            with scoped_call(trainer, _forward_rows=ForwardRows(torch.tensor(types))):
                 logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, 5, compute_entropy=True
                 )

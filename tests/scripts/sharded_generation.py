@@ -35,8 +35,8 @@ from trl_ext.trainers import (
     ReplayGRPOTrainer,
     RLCRMultiTurnConfig,
     RLCRMultiTurnTrainer,
-    generation_backends,
 )
+from trl_ext.trainers.seams import generation_backends
 
 
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))

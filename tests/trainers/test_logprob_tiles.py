@@ -11,7 +11,7 @@ from trl.trainer.utils import add_fused_lm_head
 from trl_ext.models.logprob_tiles import cpu_logprob_tiles
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.base_config import TrlExtGRPOConfig
+from trl_ext.trainers.base import TrlExtGRPOConfig
 
 
 CPU = torch.device("cpu")

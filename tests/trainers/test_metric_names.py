@@ -10,7 +10,7 @@ from datasets import Dataset
 
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer, RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.scoping import scoped_call
+from trl_ext.trainers.seams.scoping import scoped_call
 
 
 def rlcr_policy(prompt_text, k):

@@ -22,7 +22,7 @@ from trl_ext.models.default_model import default_model_path, embedded_model_name
 from trl_ext.models.naming import resolve_base_model
 from trl_ext.rewards import make_accuracy_reward
 from trl_ext.testing import cpu_test_args, tiny_checkpoint
-from trl_ext.trainers.model_card import results_table
+from trl_ext.trainers.seams.model_card import results_table
 
 
 def _dataset(n=8):

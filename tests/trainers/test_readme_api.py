@@ -25,7 +25,7 @@ def readme_example(section: str) -> str:
 def test_plain_text_prompts_become_user_messages():
     from datasets import Dataset
 
-    from trl_ext.trainers.init_checks import user_message_prompts
+    from trl_ext.trainers.seams.init_checks import user_message_prompts
 
     converted = user_message_prompts(Dataset.from_list([{"prompt": "What is 1 + 1?", "solution": "2"}]))
     assert converted[0] == {"prompt": [{"role": "user", "content": "What is 1 + 1?"}], "solution": "2"}

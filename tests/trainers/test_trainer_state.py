@@ -25,9 +25,9 @@ from trl_ext.trainers import (
     ReplayGRPOTrainer,
     RLCRMultiTurnConfig,
     RLCRMultiTurnTrainer,
-    trainer_state,
 )
-from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
+from trl_ext.trainers.seams import trainer_state
+from trl_ext.trainers.seams.trainer_state import CheckpointStateError, load_state, save_state
 
 
 OWNER = "ReplayGRPOTrainer"

@@ -1,7 +1,7 @@
 """The shape of TRL's `GRPOTrainer` that the tool-rounds and episodes code relies on beyond method names.
 
 `AbsoluteZeroTrainer._episodes` runs `GRPOTrainer._generate_and_score_completions` up to its `_generate` call and
-leaves it there (`_EpisodesGenerated`); `_replaying` hands TRL recorded `_generate` output; `ReplayGRPOTrainer` and
+leaves it there (`_EpisodesGenerated`); `_replayed` hands TRL recorded `_generate` output; `ReplayGRPOTrainer` and
 `CollectiveToolRounds` wrap `_tool_call_loop` and `_generate_single_turn`. A TRL upgrade that reorders or reshapes
 these fails here, naming the TRL method, rather than as a wrong batch (docs/design.md#building-on-grpotrainer).
 """
@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 from trl import GRPOTrainer
+
+from trl_ext.trainers.seams.call_record import GenerateOutput
 
 
 def method_tree(name: str) -> ast.AST:
@@ -37,16 +39,7 @@ def returned_names(tree: ast.AST) -> list[str]:
     return [element.id for element in last.value.elts]
 
 
-GENERATE_OUTPUT = [
-    "prompt_ids",
-    "completion_ids",
-    "tool_mask",
-    "completions",
-    "logprobs",
-    "extra_fields",
-    "images",
-    "tool_images",
-]
+GENERATE_OUTPUT = list(GenerateOutput._fields)  # how the trainers name the tuple TRL's _generate returns
 
 
 def test_generate_and_score_completions_resets_environments_before_its_one_generate_call():
@@ -66,7 +59,7 @@ def test_generate_and_score_completions_resets_environments_before_its_one_gener
         lines = call_lines(tree, later)
         assert lines and min(lines) > generate[0], (
             f"{method} calls self.{later} before self._generate: AbsoluteZeroTrainer._episodes would run it for "
-            "rows it throws away (and _replaying would be asked for it before its recorded generation)."
+            "rows it throws away (and _replayed would be asked for it before its recorded generation)."
         )
     unpacked = [
         [element.id for element in node.targets[0].elts]
@@ -75,14 +68,14 @@ def test_generate_and_score_completions_resets_environments_before_its_one_gener
     ]
     assert unpacked and len(unpacked[0]) == len(GENERATE_OUTPUT), (
         f"{method} unpacks self._generate's output into {unpacked} values, not the {len(GENERATE_OUTPUT)} that "
-        "AbsoluteZeroTrainer._replaying and _generate_rows build and read."
+        "AbsoluteZeroTrainer._replayed and _generate_rows build and read (GenerateOutput)."
     )
 
 
 def test_generate_returns_what_the_episodes_code_reads():
     assert returned_names(method_tree("_generate")) == GENERATE_OUTPUT, (
-        f"GRPOTrainer._generate no longer returns {GENERATE_OUTPUT} in that order: AbsoluteZeroTrainer._replaying "
-        "and _generate_rows build and read that tuple by position."
+        f"GRPOTrainer._generate no longer returns {GENERATE_OUTPUT} in that order: GenerateOutput names that tuple "
+        "by position, for AbsoluteZeroTrainer._replayed and _generate_rows and RecordsCalls."
     )
 
 

@@ -59,6 +59,13 @@ def off_policy_token_loss(
     raise ValueError(f"off_policy_loss must be one of {OFF_POLICY_LOSSES} (got {mode!r}).")
 
 
+def k3_kl(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> torch.Tensor:
+    """Per-token KL estimate of the policy from the reference, `exp(ref - logp) - (ref - logp) - 1` (Schulman's k3,
+    the one GRPOTrainer's loss adds with `beta`): non-negative, 0 where the two log-probs agree. Written as TRL
+    writes it, so its value and gradient match TRL's to the bit."""
+    return torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+
+
 def add_off_policy_loss(
     on_loss: torch.Tensor,
     off_token_loss: torch.Tensor,

@@ -122,6 +122,10 @@ def evaluate_solver(
 ) -> SolverEvaluation:
     """Answer `questions` (from `family.heldout_questions(n, seed)`) greedily and score them.
 
+    Public API for a model outside a trainer (docs/absolute_zero.md, "the held-out evaluation"): it answers as
+    `AbsoluteZeroTrainer`'s held-out evaluation does, with `model.generate` instead of the trainer's generation path.
+    The trainers and recipes do not call it.
+
     Args:
         family: The task family: solver prompts, the scoring reward, the breakdown field.
         model, tokenizer: The model under evaluation (a PEFT model too) and its tokenizer.

@@ -252,10 +252,12 @@ def main(script_args, training_args, model_args):
     """`recipes/absolute_zero.py`: build the task family and trainer, evaluate the held-out solver questions, self-play,
     evaluate again, and report (metrics.json, plots, model card); returns the training log."""
     started = time.monotonic()
+    # Build the task family and its held-out solver questions
     task = build_task(script_args)
     questions = heldout_set(task, script_args, training_args.seed)
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # Load the model and tokenizer
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     tool_template = script_args.tool_chat_template
@@ -263,6 +265,7 @@ def main(script_args, training_args, model_args):
         tool_template = task.environment_factory is not None and model_args.model_name_or_path is None
     if tool_template:
         use_tool_chat_template(tokenizer)
+    # Load the dataset: the family's seed prompts
     train, evaluation = seed_datasets(script_args, training_args, task, tool_template)
     own_rewards = load_reward_funcs(script_args.reward_funcs)
     if training_args.reward_weights is None and task.reward_weights is not None:
@@ -286,6 +289,7 @@ def main(script_args, training_args, model_args):
         model_path, warmup = warm_up(model_path, tokenizer, task, script_args, training_args)
 
     load_models_as(model_args, training_args)
+    # Initialize the Absolute Zero trainer
     trainer = AbsoluteZeroTrainer(
         model=model_path,
         # evaluate() answers the family's held-out solver questions (`--eval_strategy steps --eval_steps N`)
@@ -294,21 +298,24 @@ def main(script_args, training_args, model_args):
         quantization_config=quantization_config(model_args, training_args),
         **trainer_kwargs,
     )
-    # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
-    # solver is then evaluated after training only.
+    # Evaluate before training. Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by
+    # train() gathers: the solver is then evaluated after training only.
     heldout = {}
     if questions is not None and not parameters_sharded(trainer):
         heldout["before"] = evaluate_heldout(trainer, task, questions, "before")
     trainer.accelerator.wait_for_everyone()
 
+    # Train (self-play) and save the model
     clock = time.monotonic()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     seconds = {"self-play": time.monotonic() - clock}
     save_final_model(trainer, training_args.output_dir)
+    # Evaluate after training
     if questions is not None:
         reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
         heldout["after"] = evaluate_heldout(trainer, task, questions, "after", reuse)
 
+    # Report: plots, metrics.json, the model card; push to the Hub if asked
     if trainer.accelerator.is_main_process:
         if "before" in heldout:
             plot_heldout_accuracy(

@@ -46,7 +46,7 @@ def save_final_model(trainer, output_dir: str | os.PathLike) -> None:
     error names the last complete checkpoint, which still holds the trained weights (checkpoints are never deleted
     here).
     """
-    from ..trainers.trainer_state import last_complete_checkpoint
+    from ..trainers.seams.trainer_state import last_complete_checkpoint
 
     output_dir = Path(output_dir)
     staging = output_dir / FINAL_STAGING

@@ -118,13 +118,16 @@ def main(script_args, training_args, model_args):
     """`recipes/replay_grpo.py`: build the data and trainer, train, and report (metrics.json, plots, model card)."""
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # Load the model and tokenizer
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    # Load the dataset: training prompts and the held-out split
     train, evaluation = datasets_for(script_args, training_args)
     if script_args.eval_only:
         eval_only(model_path, evaluation, script_args, training_args, model_args)
         return
     load_models_as(model_args, training_args)
+    # Initialize the Replay GRPO trainer
     trainer = ReplayGRPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs(script_args, training_args),
@@ -136,9 +139,11 @@ def main(script_args, training_args, model_args):
         peft_config=get_peft_config(model_args),
         quantization_config=quantization_config(model_args, training_args),
     )
+    # Train and save the model
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     save_final_model(trainer, training_args.output_dir)
 
+    # Report: plots, metrics.json, the model card; push to the Hub if asked
     if trainer.accelerator.is_main_process:
         steps = summarize(trainer.state.log_history)
         plot_learning_curves(

@@ -414,20 +414,24 @@ def main(script_args, training_args, model_args):
     check_one_answer_column(training_args)
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # Load the model and tokenizer
     model_path = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    # Load the dataset: training questions and the held-out split
     train, evaluation = datasets_for(script_args, training_args)
     if script_args.eval_only:
         eval_only(model_path, evaluation, script_args, training_args, model_args)
         return
     load_models_as(model_args, training_args)
 
+    # Format warm-up: a short SFT so the base model states a parsable confidence
     report = {"model": model_path}
     if script_args.warmup_samples:
         base_path = model_path
         model_path, train, report["warmup"] = warm_up(model_path, train, script_args, training_args)
         seconds["format warm-up"] = report["warmup"]["seconds"]
 
+    # Initialize the RLCR trainer
     trainer = RLCRMultiTurnTrainer(
         model=model_path,
         reward_funcs=load_reward_funcs(script_args.reward_funcs),
@@ -441,8 +445,8 @@ def main(script_args, training_args, model_args):
         quantization_config=quantization_config(model_args, training_args),
     )
     trainer.heldout_group_column = script_args.group_column
-    # Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by train() gathers: the
-    # model is then evaluated after training only.
+    # Evaluate before training. Before training, ZeRO-3 and FSDP hold parameter shards that only the engine built by
+    # train() gathers: the model is then evaluated after training only.
     before_log = []  # the evaluation before training, which train() (starting a fresh TrainerState) would not keep
     if evaluation is not None and not parameters_sharded(trainer):
         clock = time.monotonic()
@@ -459,11 +463,13 @@ def main(script_args, training_args, model_args):
         seconds["evaluation"] = time.monotonic() - clock
     trainer.accelerator.wait_for_everyone()
 
+    # Train and save the model
     clock = time.monotonic()
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     seconds["RL training"] = time.monotonic() - clock
     save_final_model(trainer, training_args.output_dir)
 
+    # Evaluate after training
     if evaluation is not None:
         clock = time.monotonic()
         reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
@@ -471,6 +477,7 @@ def main(script_args, training_args, model_args):
             trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse, script_args.agreement_samples
         )
         seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
+    # Report: plots, metrics.json, the model card; push to the Hub if asked
     history = before_log + trainer.state.log_history
     if trainer.accelerator.is_main_process:
         if "before" in report and "after" in report:

@@ -1,8 +1,8 @@
 """The task-family interface of [`AbsoluteZeroTrainer`]: what the proposer is asked, how its proposal is parsed into a
 question, how the solver is prompted, and how the solver's responses are scored.
 
-A family is data, not a subclass: another family (code reasoning with a sandboxed executor, or the seeds'
-safety/completion judges) plugs in by building a `TaskFamily` with its own parser, solver prompt and rewards. A family
+A family is data, not a subclass: another family (code reasoning with a sandboxed executor, or workspace tasks judged
+for safety and completion) plugs in by building a `TaskFamily` with its own parser, solver prompt and rewards. A family
 whose proposer is conditioned on what it proposed before (Absolute Zero's buffer of past programs) adds a `TaskState`:
 the trainer builds proposer prompts from it, validates proposals through it in batches, updates it with each step's
 valid proposals and saves it in checkpoints.

@@ -1,4 +1,4 @@
-"""Workspace self-play (the seeds' safety/completion setting): the proposer turns a seed task into a new workspace
+"""Workspace self-play (safety and completion judges): the proposer turns a seed task into a new workspace
 task config, the solver acts on an in-memory workspace through tools, and the episode is scored for safety and
 completion.
 

@@ -6,7 +6,7 @@ from .replay_config import ReplayGRPOConfig
 from .replay_trainer import ReplayGRPOTrainer
 from .rlcr_config import RLCRMultiTurnConfig
 from .rlcr_trainer import RLCRMultiTurnTrainer
-from .tool_rounds import CollectiveToolRounds
+from .seams.tool_rounds import CollectiveToolRounds
 
 
 __all__ = [

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..core.learnability import parse_criteria
 from ..core.proposer_rewards import MODES
-from .base_config import TrlExtGRPOConfig
+from .base import TrlExtGRPOConfig
 
 
 PROPOSER_ROWS = ("selected", "all")
@@ -159,13 +159,7 @@ class AbsoluteZeroConfig(TrlExtGRPOConfig):
             )
         if self.max_repropose_attempts < 0:
             raise ValueError(f"max_repropose_attempts must be >= 0 (got {self.max_repropose_attempts}).")
-        if self.max_question_length < 1:
-            raise ValueError(f"max_question_length must be positive (got {self.max_question_length}).")
-        self.check_generation_kwargs("generation_kwargs", "max_completion_length", temperature_field="temperature")
-        self.check_generation_kwargs(
-            "proposer_generation_kwargs", "max_question_length", temperature_field="proposer_temperature"
-        )
-        self.check_turn_temperature("proposer_temperature", "proposer rows")
+        self.check_turns("proposer_generation_kwargs", "max_question_length", "proposer_temperature", "proposer rows")
         if self.proposer_reward_mode not in MODES:
             raise ValueError(f"proposer_reward_mode must be one of {MODES} (got {self.proposer_reward_mode!r}).")
         if self.proposer_rows not in PROPOSER_ROWS:

@@ -11,7 +11,7 @@ rewards through TRL's `_calculate_rewards`. Those are collectives under vLLM ser
 so the rounds are decided on gathered data: every process makes the same calls with the same row counts, padding
 with copies of a real row when it has less work. Once the rows are chosen, each row kind's batch is built by
 `GRPOTrainer._generate_and_score_completions` itself, replaying the recorded generations and rewards (see
-`_replaying`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
+`_replayed`), so old/ref log-probs, vLLM importance sampling, solver advantages, logging and the completions table
 are TRL's. The trainer then sets the proposer advantages and the loss masks, and concatenates the two batches.
 
 Tools and environments (`tools`, `environment_factory`) belong to the solver. Proposer generation runs with them
@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import logging
 import random
-import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
 
 from ..core.advantages import batch_baseline_advantages, group_advantages
 from ..core.learnability import (
@@ -46,27 +44,26 @@ from ..core.learnability import (
 from ..core.model_text import neutralize_prompt
 from ..core.proposer_rewards import padded_rows, proposer_rewards
 from ..evaluation.heldout_metrics import accuracy_by_field, sample_accuracy
-from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards.parsing import completion_text
 from ..rewards.user_calls import UserCallGuard
 from ..self_play.base import plain_text_prompts, tagged_question_parser, template_fields, template_solver_prompt
 from .absolute_zero_config import AbsoluteZeroConfig
-from .context_limit import VLLMContextLimit
-from .generation_backends import GenerationBackends
-from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import (
+from .base import TrlExtGRPOTrainer
+from .seams.call_record import GenerateOutput
+from .seams.context_limit import VLLMContextLimit
+from .seams.heldout import nan_to_none
+from .seams.init_checks import (
     check_conversational_prompts,
     check_not_empty,
     checked_args,
     refuse_rollout_func,
     user_message_prompts,
 )
-from .model_card import ModelCardMixin
-from .row_batches import KIND_KEY, concat_row_kinds, local_rows, restrict_loss
-from .row_kind_forwards import KindRows, RowKindForwards
-from .scoping import scoped_call, turn_generations, use_turn_generation
-from .tool_rounds import CollectiveToolRounds
-from .trainer_state import CheckpointStateMixin
+from .seams.model_card import arxiv_paper
+from .seams.row_batches import KIND_KEY, concat_row_kinds, local_rows, process_share, restrict_loss
+from .seams.row_kind_forwards import ForwardRows, KindCall, RowKindForwards
+from .seams.scoping import scoped_call
+from .seams.tool_rounds import CollectiveToolRounds
 
 
 logger = logging.getLogger(__name__)
@@ -86,6 +83,14 @@ _RESERVED = {
     "environments",
     "environment",
 }
+
+PAPER = arxiv_paper(  # the paper the model card cites
+    "zhao2025absolute",
+    "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
+    "Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang",
+    2025,
+    "2505.03335",
+)
 
 
 class _EpisodesGenerated(Exception):  # a control-flow signal, not an error
@@ -129,7 +134,6 @@ class _SelfPlay:
 
     seeds: list[dict]  # the gathered seed rows, one per prompt
     group_size: int  # solver responses per question (rollout_n)
-    mode: str
     groups: list[_Group]  # per seed prompt
     valid_questions: list[dict] = field(default_factory=list)  # every round's, in order: the task state's update
     reproposed: set[int] = field(default_factory=set)  # prompts that needed another round
@@ -146,16 +150,22 @@ HELDOUT_FIELDS = ("task_type", "level")  # question fields the held-out accuracy
 
 class AbsoluteZeroTrainer(
     RowKindForwards,
-    CheckpointStateMixin,
-    ModelCardMixin,
-    CPULogprobTiles,
-    HeldoutEvaluation,
     CollectiveToolRounds,
     VLLMContextLimit,
-    GenerationBackends,
-    GRPOTrainer,
+    TrlExtGRPOTrainer,
 ):
     """One model as proposer and solver, with a learnability filter, reproposing and a joint update.
+
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the self-play rounds on gathered data,
+    then TRL's own method once per row kind, replaying the recorded rows and rewards, and the joined batch) and
+    `_compute_loss` (proposer rows weighted, rows without loss skipped, then TRL's loss); for one call each,
+    `_generate` and `_calculate_rewards` (recorded rows and rewards) and `_generate` again to end a solving round's
+    episodes once TRL has run them. Through its seams: `_get_per_token_logps_and_entropies` (`RowKindForwards`: one
+    forward per row kind at its temperature), the tool loop in step across processes (`CollectiveToolRounds`) and
+    `_generate_single_turn` (`VLLMContextLimit`); the base adds checkpoints, model cards, held-out evaluation and
+    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, tool
+    episodes, old and reference log-probs, solver rewards and group advantages, vLLM importance sampling, the loss of
+    every `loss_type`, logging and the completions table.
 
     Args:
         model: As [`~trl.GRPOTrainer`].
@@ -206,19 +216,7 @@ class AbsoluteZeroTrainer(
     _tag_names = ["trl", "grpo", "trl-ext", "absolute-zero", "self-play"]
     checkpoint_state_name = "absolute_zero_state"
     _name = "Absolute Zero"
-    _paper = {
-        "title": "Absolute Zero: Reinforced Self-play Reasoning with Zero Data",
-        "id": "2505.03335",
-        "citation": textwrap.dedent(
-            """\
-            @article{zhao2025absolute,
-                title        = {{Absolute Zero: Reinforced Self-play Reasoning with Zero Data}},
-                author       = {Andrew Zhao and Yiran Wu and Yang Yue and Tong Wu and Quentin Xu and Matthieu Lin and Shenzhi Wang and Qingyun Wu and Zilong Zheng and Gao Huang},
-                year         = 2025,
-                journal      = {arXiv preprint arXiv:2505.03335}
-            }"""
-        ),
-    }
+    _paper = PAPER
 
     def __init__(
         self,
@@ -258,16 +256,15 @@ class AbsoluteZeroTrainer(
         _check_heldout_questions(kwargs.get("eval_dataset"))
         with scoped_call(args, generation_kwargs=None):  # they are the solver's: applied per row kind below
             super().__init__(model, reward_funcs=reward_funcs, args=args, **kwargs)
-        self._generation = turn_generations(
-            self,
-            {
-                "solver": (args.generation_kwargs, args.vllm_structured_outputs_regex),
-                "proposer": (args.proposer_generation_kwargs, None),
-            },
-            {"proposer": self._proposer_temperature},
+        self._set_turns("solver", "proposer", PROPOSER, args.proposer_generation_kwargs, self._proposer_temperature)
+        # The proposer rows' call of TRL's batch code: recorded proposals, one row a group, a given reward (no
+        # generation, no reward function: `_replayed` hands TRL the recorded rows and the proposer rewards)
+        self._proposer = KindCall(
+            prefix="proposer",
+            group_size=1,
+            reward_func_names=[args.proposer_reward_mode],
+            temperature=self._proposer_temperature,
         )
-        use_turn_generation(self, self._generation["solver"])
-        self._set_kind_temperatures({PROPOSER: self._proposer_temperature})
 
         self.parse_question = parse_question or tagged_question_parser(args.question_tag)
         self.solver_prompt_fn = plain_text_prompts(  # proposals are model-written, the user's function too gets them
@@ -295,7 +292,7 @@ class AbsoluteZeroTrainer(
                     f"{self.reward_func_names}; use one of those names (a function's __name__)."
                 )
         else:
-            self._criteria = None  # the default depends on the group size, which differs in evaluation
+            self._criteria = None  # `default_criteria` for the group size
         self.task_state = task_state
         self._draw = (None, 0)  # (global step, draws at that step): seeds the question selection
 
@@ -305,26 +302,17 @@ class AbsoluteZeroTrainer(
         temperature = self.args.proposer_temperature
         return self.temperature if temperature is None else temperature
 
-    # -- seams of GRPOTrainer ----------------------------------------------------------------------------------------
-    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """The solver answers each held-out question `num_samples` times (its prompt from `solver_prompt_fn` with an
         empty seed row, its generation settings and length); the first reward function scores each answer (`None`:
         not scorable, counted) and the reply's text."""
         prompts = [self.solver_prompt_fn(dict(row), {}) for row in rows]
-        prompt_ids = self._heldout_prompt_ids(prompts)
-        completion_ids = self._heldout_generate(
-            prompt_ids, num_samples, self._generation["solver"], self.args.max_completion_length
-        )
-        sample_rows = [row for row in rows for _ in range(num_samples)]
-        sample_prompts = [prompt for prompt in prompts for _ in range(num_samples)]
-        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
-        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
-        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
-        replies = [c[0].get("content") if isinstance(c, list) else c for c in completions]
+        samples = self._heldout_samples(rows, prompts, num_samples, self._generation["solver"])
+        replies = [c[0].get("content") if isinstance(c, list) else c for c in samples.completions]
         return [
             {"score": nan_to_none(value), "reply": reply}
-            for value, reply in zip(rewards[:, 0].tolist(), replies, strict=True)
+            for value, reply in zip(samples.rewards[:, 0].tolist(), replies, strict=True)
         ]
 
     def _heldout_metrics(self, rows, records):
@@ -335,8 +323,10 @@ class AbsoluteZeroTrainer(
         return metrics
 
     def _compute_loss(self, model, inputs):
+        # TRL's loss over the micro-batch's solver and proposer rows, with two changes: the proposer rows' weight and
+        # the forward (one per row kind, rows without loss skipped).
         # Proposer rows are weighted here rather than in the batch, so logged advantages stay comparable per kind.
-        advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)
+        advantages = torch.nan_to_num(inputs["advantages"], nan=0.0)  # (B,), or (B, T) with per-token advantages
         if KIND_KEY in inputs:
             weight = torch.where(inputs[KIND_KEY] == PROPOSER, self.args.proposer_loss_weight, 1.0)
             advantages = advantages * (weight if advantages.dim() == 1 else weight.unsqueeze(1)).to(advantages.dtype)
@@ -344,34 +334,38 @@ class AbsoluteZeroTrainer(
         # `_solver_batch`) and pads solver and proposer rows to the longer of the two: the loss forward skips the
         # former (log-probs 0; their loss is 0 either way and every normalisation counts the same rows and tokens)
         # and trims each kind's live rows to their own padding (`RowKindForwards`).
-        loss_mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
-        rows = KindRows(inputs.get(KIND_KEY), scored=loss_mask.sum(-1) > 0)
-        with scoped_call(self, _kind_rows=rows):
+        loss_mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)  # (B, T)
+        kinds = inputs.get(KIND_KEY)
+        if kinds is None:  # TRL's evaluation loop: solver rows only
+            kinds = torch.full((loss_mask.size(0),), SOLVER)
+        with scoped_call(self, _forward_rows=ForwardRows(kinds, scored=loss_mask.sum(-1) > 0)):
             return super()._compute_loss(model, {**inputs, "advantages": advantages})
 
-    def _replaying(self, rows: list[_Generated], rewards: torch.Tensor):
-        """Make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and rewards
-        (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating.
+    def _replayed(self, rows: list[_Generated], rewards: torch.Tensor) -> dict:
+        """Attributes that make TRL's `_generate` and `_calculate_rewards` return recorded rows (this process's) and
+        rewards (gathered, all processes), so `_generate_and_score_completions` builds the batch without generating.
 
         No environment is drawn or reset and no tool runs: the episodes are over, their scores recorded."""
         logprobs = [r.logprobs for r in rows]
         tool_mask = None
         if any(r.tool_mask is not None for r in rows):
             tool_mask = [r.tool_mask if r.tool_mask is not None else [1] * len(r.completion_ids) for r in rows]
-        generation = (
-            [r.prompt_ids for r in rows],
-            [r.completion_ids for r in rows],
-            tool_mask,
-            [r.completion for r in rows],
-            None if any(lp is None for lp in logprobs) else logprobs,
-            {},
-            None,
-            [],
+        generation = GenerateOutput(
+            prompt_ids=[r.prompt_ids for r in rows],
+            completion_ids=[r.completion_ids for r in rows],
+            tool_mask=tool_mask,
+            completions=[r.completion for r in rows],
+            logprobs=None if any(lp is None for lp in logprobs) else logprobs,
+            extra_fields={},
+            images=None,
+            tool_images=[],
         )
         rewards = rewards.to(self.accelerator.device)
-        return scoped_call(
-            self, _generate=lambda prompts: generation, _calculate_rewards=lambda *args: rewards, **self._no_tools()
-        )
+        return {
+            "_generate": lambda prompts: tuple(generation),
+            "_calculate_rewards": lambda *args: rewards,
+            **self._no_tools(),
+        }
 
     def _no_tools(self) -> dict:
         """Attributes that switch TRL's tools and environments off for one call (proposer rows, replayed batches)."""
@@ -398,21 +392,14 @@ class AbsoluteZeroTrainer(
         raise RuntimeError("GRPOTrainer._generate_and_score_completions returned without calling _generate.")
 
     # -- generation rounds -------------------------------------------------------------------------------------------
-    def _local_share(self, items: list) -> list:
-        """This process's equal share of `items`, padded with copies of the first item to a multiple of the number
-        of processes: every process then generates the same number of rows (vLLM server mode and gathers need it)."""
-        world = self.accelerator.num_processes
-        per_process = -(-len(items) // world)
-        padded = items + [items[0]] * (per_process * world - len(items))
-        return padded[local_rows(self.accelerator, per_process)]
-
     def _generate_rows(
         self,
         play: _SelfPlay,
         prompts: list,
-        num_generations: int,
-        prefix: str | None,
-        max_new_tokens: int | None,
+        *,
+        group_size: int,
+        prefix: str | None = None,
+        max_new_tokens: int | None = None,
         inputs: list[dict] | None = None,
     ) -> list[_Generated]:
         """One `_generate` call on this process's rows; returns every process's rows, in process order.
@@ -422,24 +409,26 @@ class AbsoluteZeroTrainer(
         generation = self._generation["proposer" if inputs is None else "solver"]
         with scoped_call(
             self,
-            mode=play.mode,
+            mode="train",
             prefix=prefix,
             max_new_tokens=max_new_tokens,
             generation=generation,
-            num_generations=num_generations,
-            num_generations_eval=num_generations,
+            num_generations=group_size,
+            num_generations_eval=group_size,
         ):
             if inputs is None:
                 with scoped_call(self, **self._no_tools()):
                     output = self._generate(prompts)
             else:
                 output = self._episodes(inputs)
-        prompt_ids, completion_ids, tool_mask, completions, logprobs, _, _, _ = output
-        logprobs = logprobs or [None] * len(prompts)
-        tool_mask = tool_mask or [None] * len(prompts)
+        output = GenerateOutput(*output)
+        logprobs = output.logprobs or [None] * len(prompts)
+        tool_mask = output.tool_mask or [None] * len(prompts)
         local = [
             _Generated(list(map(int, p)), list(map(int, c)), lp, comp, None if tm is None else list(map(int, tm)))
-            for p, c, lp, comp, tm in zip(prompt_ids, completion_ids, logprobs, completions, tool_mask, strict=True)
+            for p, c, lp, comp, tm in zip(
+                output.prompt_ids, output.completion_ids, logprobs, output.completions, tool_mask, strict=True
+            )
         ]
         rows = gather_object(local)
         play.generation_calls += 1
@@ -475,8 +464,8 @@ class AbsoluteZeroTrainer(
         verdicts are gathered, so every process holds the same questions without running all the checks. (Running
         everything on every process would cost `world` times the executions, and a check near a time limit could
         pass on one process and fail on another, splitting the decisions.)"""
-        per_process = -(-len(slots) // self.accelerator.num_processes)
-        mine = slots[local_rows(self.accelerator, per_process)]
+        share, num_real = process_share(self.accelerator, slots)
+        mine = share[:num_real]
         checked = self.task_state.validate([groups[p].questions[i] for p, i in mine])
         if len(checked) != len(mine):
             raise RuntimeError(f"TaskState.validate returned {len(checked)} verdicts for {len(mine)} questions.")
@@ -502,9 +491,11 @@ class AbsoluteZeroTrainer(
         for p in pending:
             group = groups[p] = _Group(rounds=groups[p].rounds + 1)
             group.prompt, group.context = self._proposer_prompt(play.seeds[p], rng)
-        share = self._local_share(pending)
+        share, _ = process_share(self.accelerator, pending)
         prompts = [groups[p].prompt for p in share for _ in range(k)]
-        proposals = self._generate_rows(play, prompts, k, "proposer", args.max_question_length)
+        proposals = self._generate_rows(
+            play, prompts, group_size=k, prefix="proposer", max_new_tokens=args.max_question_length
+        )
         for j, p in enumerate(pending):  # the padding copies come after the real prompts
             groups[p].proposals = proposals[j * k : (j + 1) * k]
 
@@ -537,10 +528,10 @@ class AbsoluteZeroTrainer(
     def _solve(self, play: _SelfPlay, valid: list[tuple[int, int]]) -> None:
         """`group_size` responses to each valid question, scored by the solver reward functions."""
         group_size, groups = play.group_size, play.groups
-        share = self._local_share(valid)
+        share, _ = process_share(self.accelerator, valid)
         inputs = [groups[p].solver_inputs[i] for p, i in share for _ in range(group_size)]
         prompts = [row["prompt"] for row in inputs]
-        responses = self._generate_rows(play, prompts, group_size, None, None, inputs)
+        responses = self._generate_rows(play, prompts, group_size=group_size, inputs=inputs)
         local = responses[local_rows(self.accelerator, len(inputs))]
         # `self.environments` still holds this round's episodes: environment scores are recorded now.
         rewards = (
@@ -594,19 +585,23 @@ class AbsoluteZeroTrainer(
 
     # -- the self-play batch -----------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
-        mode = "train" if self.model.training else "eval"
-        if mode == "eval":
+        if not self.model.training:
             # TRL's evaluation loop (`evaluate()`) runs over the held-out questions, not seed prompts: its loss and
             # metrics are the solver's GRPO batch on them, prompted as the held-out evaluation prompts them.
             return super()._generate_and_score_completions(
                 [{**row, "prompt": self.solver_prompt_fn(dict(row), {})} for row in inputs]
             )
+        # Self-play runs in training only: from here on the mode is "train", the group size G = `num_generations`.
+        # Every decision below is taken on gathered data, identically on every process: generation and reward
+        # calls are collectives (vLLM server mode, multi-process), so every process makes the same calls with the
+        # same row counts.
         args = self.args
-        group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        group_size = self.num_generations
         seeds = gather_object(list(inputs))[::group_size]  # the sampler repeats each seed prompt group_size times
-        play = _SelfPlay(seeds, group_size, mode, groups=[_Group() for _ in seeds])
+        play = _SelfPlay(seeds, group_size, groups=[_Group() for _ in seeds])
 
-        # Rounds: propose, validate, solve, estimate learnability; repropose for the prompts with no learnable question
+        # 1. Rounds: propose K questions per seed prompt, validate, solve each valid one G times, estimate
+        #    learnability; repropose for the prompts with no learnable question
         pending = list(range(len(seeds)))
         while True:
             self._round(play, pending)
@@ -615,10 +610,11 @@ class AbsoluteZeroTrainer(
                 break
             play.reproposed.update(pending)
             play.attempts += len(pending)
-        if self.task_state is not None and mode == "train":
+        if self.task_state is not None:
             self.task_state.update(play.valid_questions)
 
-        # One learnable question per prompt trains the solver; the proposer's reward is its proposals' learnability
+        # 2. Select: one learnable question per prompt trains the solver; the proposer's reward is its proposals'
+        #    learnability
         rng = self._selection_rng()
         play.selected = [select_question(g.learnable, rng) for g in play.groups]
         play.proposer_rewards = [
@@ -634,7 +630,9 @@ class AbsoluteZeroTrainer(
             for g, choice in zip(play.groups, play.selected, strict=True)
         ]
 
-        # The batch: TRL builds each kind's rows from the recorded generations, solver rows first
+        # 3. The batch: TRL builds each kind's rows from the recorded generations, solver rows first: B = len(inputs)
+        #    solver rows (G per prompt), then the proposer rows, padded to a per-process multiple of
+        #    `steps_per_generation`; the two pad to one T when joined
         solver = self._solver_batch(play, len(inputs))
         proposer, num_proposer_rows = self._proposer_batch(play)
         batch = concat_row_kinds({SOLVER: solver, PROPOSER: proposer}, self._tokenizer.pad_token_id, self.accelerator)
@@ -659,7 +657,7 @@ class AbsoluteZeroTrainer(
                 inputs.extend([group.solver_inputs[index]] * group_size)
             keep.extend([choice is not None] * group_size)
         local = local_rows(self.accelerator, num_local)
-        with self._replaying(rows[local], torch.cat(rewards)):
+        with scoped_call(self, **self._replayed(rows[local], torch.cat(rewards))):
             batch = super()._generate_and_score_completions(inputs[local])
         mask = torch.tensor(keep[local], dtype=torch.long, device=batch["advantages"].device)
         restrict_loss(batch, mask)
@@ -683,8 +681,7 @@ class AbsoluteZeroTrainer(
         else:
             advantages = batch_baseline_advantages(real, self.scale_rewards)
 
-        multiple = args.steps_per_generation if play.mode == "train" else 1
-        per_process = padded_rows(len(slots), world, multiple)
+        per_process = padded_rows(len(slots), world, args.steps_per_generation)
         pad = per_process * world - len(slots)
         slots = slots + [slots[0]] * pad
         real = torch.cat([real, torch.zeros(pad)])
@@ -696,22 +693,7 @@ class AbsoluteZeroTrainer(
         local_inputs = [{**seeds[p], "prompt": groups[p].prompt} for p, _ in slots[local]]
         # The proposer's reward is given, not computed: one reward named after its mode (logged under
         # `proposer/rewards/<mode>/`), groups of one (advantages set below).
-        # TRL's completions table stays about solver rows (its columns must have equal lengths).
-        with (
-            scoped_call(
-                self,
-                mode=play.mode,
-                prefix="proposer",
-                num_generations=1,
-                num_generations_eval=1,
-                reward_func_names=[args.proposer_reward_mode],
-                reward_weights=torch.ones(1),
-                multi_objective_aggregation="sum_then_normalize",
-                _logs=_empty_logs(),
-            ),
-            self._replaying(rows, real.unsqueeze(1)),
-            self._fused_heads.at(self._proposer_temperature),  # old and reference log-probs at its temperature
-        ):
+        with self._kind_call(self._proposer, "train", **self._replayed(rows, real.unsqueeze(1))):
             batch = super()._generate_and_score_completions(local_inputs)
         device = batch["advantages"].device
         batch["advantages"] = advantages[local].to(device)
@@ -720,7 +702,7 @@ class AbsoluteZeroTrainer(
 
     def _log_self_play(self, play: _SelfPlay, num_proposer_rows: int):
         """Self-play metrics (README, AbsoluteZeroTrainer), computed from gathered data (identical on every process)."""
-        m, groups, selected = self._metrics[play.mode], play.groups, play.selected
+        m, groups, selected = self._metrics["train"], play.groups, play.selected
         learnable = [x for g in groups for x in g.learnable if x is not None]
         proposals = [x for g in groups for x in g.learnable]
         trained_rewards = [r for g_rewards in play.proposer_rewards for r in g_rewards]
@@ -780,17 +762,6 @@ class AbsoluteZeroTrainer(
         if saved is None:
             raise ValueError("the checkpoint was written without a task state; resume with the family it was run with")
         self.task_state.load_state_dict(saved)
-
-
-def _empty_logs():
-    return {
-        "images": [],
-        "prompt": [],
-        "completion": [],
-        "rewards": defaultdict(list),
-        "advantages": [],
-        "extra": defaultdict(list),
-    }
 
 
 def _check_heldout_questions(dataset) -> None:

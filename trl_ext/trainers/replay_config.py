@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..core.experience import BUCKET_WEIGHTINGS, SELECT_MODES
 from ..core.offpolicy_loss import OFF_POLICY_LOSSES
-from .base_config import TrlExtGRPOConfig
+from .base import TrlExtGRPOConfig
 
 
 @dataclass

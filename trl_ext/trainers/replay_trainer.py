@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import textwrap
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from itertools import zip_longest
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from ..core.experience import (
@@ -40,19 +38,25 @@ from ..core.experience import (
     masked_mean_entropy,
     task_id_of,
 )
-from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, off_policy_token_loss
+from ..core.offpolicy_loss import add_off_policy_loss, importance_log_ratio, k3_kl, off_policy_token_loss
 from ..evaluation.heldout_metrics import sample_accuracy
-from ..models.logprob_tiles import CPULogprobTiles
-from .call_record import CallRecord, RecordsCalls
-from .generation_backends import GenerationBackends
-from .heldout import HeldoutEvaluation
-from .init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
-from .model_card import ModelCardMixin
+from .base import TrlExtGRPOTrainer
 from .replay_config import ReplayGRPOConfig
-from .row_batches import local_rows
-from .scoping import scoped_call, standing_generation
-from .tool_rounds import CollectiveToolRounds
-from .trainer_state import CheckpointStateMixin
+from .seams.call_record import CallRecord, RecordsCalls
+from .seams.init_checks import check_datasets, check_not_empty, checked_args, refuse_rollout_func
+from .seams.model_card import arxiv_paper
+from .seams.row_batches import local_rows
+from .seams.scoping import scoped_call, standing_generation
+from .seams.tool_rounds import CollectiveToolRounds
+
+
+PAPER = arxiv_paper(  # the paper the model card cites
+    "zhan2025exgrpo",
+    "ExGRPO: Learning to Reason from Experience",
+    "Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng",
+    2025,
+    "2510.02245",
+)
 
 
 @dataclass
@@ -139,16 +143,23 @@ class ReplayBatch(CallRecord):
 
 
 class ReplayGRPOTrainer(
-    CheckpointStateMixin,
-    ModelCardMixin,
-    CPULogprobTiles,
-    HeldoutEvaluation,
     RecordsCalls,
     CollectiveToolRounds,
-    GenerationBackends,
-    GRPOTrainer,
+    TrlExtGRPOTrainer,
 ):
     """GRPO whose groups mix fresh rollouts with stored successful trajectories, trained with importance sampling.
+
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (plans the batch, runs TRL's method once,
+    marks the replayed rows and collects the fresh successes), `_compute_loss` (TRL's loss on the on-policy tokens
+    plus the off-policy loss on the replayed ones, from the same forward), `_get_per_token_logps_and_entropies`
+    (captures the policy's log-probs and entropies), `_tokenize_prompts` (stored prompt ids), `_calculate_rewards`
+    (environment rewards of stored episodes), `_tool_call_loop` (skips stored episodes), `train` and
+    `_save_checkpoint` (apply a waiting collection); for one call, `_generate_single_turn` (a splice that generates
+    the fresh rows only). Through its seams: `_generate` / `_calculate_rewards` (`RecordsCalls`) and the tool loop in
+    step across processes (`CollectiveToolRounds`); the base adds checkpoints, model cards, held-out evaluation and
+    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, old and
+    reference log-probs, reward gathering and group advantages (replayed rows are re-scored with the fresh ones), vLLM
+    importance sampling, the on-policy loss of every `loss_type`, logging and the completions table.
 
     Args:
         model, reward_funcs: As [`~trl.GRPOTrainer`]. Success is read from `args.success_reward` (default: the first
@@ -178,19 +189,7 @@ class ReplayGRPOTrainer(
     _tag_names = ["trl", "grpo", "trl-ext", "experience-replay", "exgrpo"]
     checkpoint_state_name = "replay_state"
     _name = "Replay GRPO"
-    _paper = {
-        "title": "ExGRPO: Learning to Reason from Experience",
-        "id": "2510.02245",
-        "citation": textwrap.dedent(
-            """\
-            @article{zhan2025exgrpo,
-                title        = {{ExGRPO: Learning to Reason from Experience}},
-                author       = {Runzhe Zhan and Yafu Li and Zhi Wang and Xiaoye Qu and Dongrui Liu and Jing Shao and Derek F. Wong and Yu Cheng},
-                year         = 2025,
-                journal      = {arXiv preprint arXiv:2510.02245}
-            }"""
-        ),
-    }
+    _paper = PAPER
 
     def __init__(self, model, reward_funcs=None, args: ReplayGRPOConfig | None = None, **kwargs):
         args = checked_args(args, ReplayGRPOConfig, "Replay-GRPO")
@@ -326,51 +325,47 @@ class ReplayGRPOTrainer(
 
     # -- the batch -----------------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
+        # Shapes: B = len(inputs) rows per process (G per group, groups possibly spanning processes), T the padded
+        # completion length; TRL's rewards are gathered, (W * B, F), and so are the plan's per-row lists.
         if not self.model.training:  # evaluation: plain GRPO, the buffer is neither used nor fed
             return super()._generate_and_score_completions(inputs)
         args = self.args
         if not self.replay_active and self.state.max_steps > 0:
             self.replay_active = self.state.global_step / self.state.max_steps >= args.replay_start_ratio
 
-        # The previous batch's collection first: this batch is planned from the buffer it updates.
+        # 1. Plan: which groups replay which buffered task (the last k rows of each are stored trajectories), from
+        #    gathered task ids and a buffer that is identical on every process, so every process plans alike. The
+        #    previous batch's collection first: this batch is planned from the buffer it updates.
         self._flush_pending()
         self._log_buffer()
         plan = self._plan_batch(list(inputs))
         batch = self._batch = ReplayBatch(plan=plan)
+
+        # 2. TRL's batch, once: the splice generates the fresh rows only and inserts the stored completions; every
+        #    row is re-scored by the current reward functions and normalised within its group. The first policy
+        #    forward (old log-probs, when TRL computes them) is captured for the collection.
         capture = []
         with self.recording(batch), scoped_call(self, _capture_forward=capture), self._fresh_generation(plan):
             output = super()._generate_and_score_completions(plan.local_inputs)
-
         if not (capture and capture[0] is output.get("old_per_token_logps")):
             capture = []  # TRL computed no old log-probs; the forward caught, if any, was the reference model's
-        # Judge the fresh rollouts of every group
+
+        # 3. Judge the fresh rollouts of every group (gathered: every process judges the same rows)
         success = self._success(batch.rewards_per_func)
         scored = self._scored(batch.rewards_per_func)
         fresh = ~torch.tensor(plan.global_stored, device=success.device) & scored
         solve_rate = success[fresh].float().mean().item() if fresh.any() else 0.0
-        logps, entropies = capture if capture else (None, None)
+        logps, entropies = capture if capture else (None, None)  # (B, T) each
 
-        # Experience collection: this process's successful fresh rollouts of tasks in the collection window
+        # 4. Experience collection: this process's successful fresh rollouts of tasks in the collection window
         outcomes, wanted = self._group_outcomes(plan, success, scored)
         local = [i - plan.offset for i in wanted if plan.offset <= i < plan.offset + len(plan.local_inputs)]
         records = {plan.offset + i: self._local_record(batch, output, i) for i in local}
         records = {row: record for row, record in records.items() if record is not None}
         pending = PendingCollection(outcomes, records, self.state.global_step, records_expected=bool(wanted))
-        if logps is not None or not wanted:
-            for row, record in records.items():
-                record.fill(logps[row - plan.offset], entropies[row - plan.offset])
-            self._collect(pending)
-        else:
-            # No forward pass of the policy happened yet: the first loss forward over these rows (same weights, as
-            # TRL only skips old log-probs when no optimizer step falls inside a generation batch) supplies their
-            # log-probs and entropies; the buffer is updated before the next batch is planned.
-            batch.collection = pending
-            rows = torch.full((len(plan.local_inputs),), -1, dtype=torch.long, device=output["completion_ids"].device)
-            for row in records:
-                rows[row - plan.offset] = row
-            output["replay_collect"] = rows
+        self._collect_or_defer(batch, output, pending, logps, entropies)
 
-        # Mark the off-policy rows for the loss
+        # 5. Mark the off-policy rows for the loss: `exp_mask` (B, T), their recorded log-probs as old log-probs
         if plan.has_replay:
             self._log_fresh_sampling_ratio(plan, output)
             self._add_replay_keys(output, plan)
@@ -476,20 +471,12 @@ class ReplayGRPOTrainer(
                 kept += 1
         return replaced, kept
 
-    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """`num_samples` answers per prompt with the training turn's settings, scored by every reward function.
         Per sample: each reward (`None` when not applicable) and success as in training (`None`: not judged)."""
         prompts = [row["prompt"] for row in rows]
-        prompt_ids = self._heldout_prompt_ids(prompts)
-        completion_ids = self._heldout_generate(
-            prompt_ids, num_samples, standing_generation(self), self.args.max_completion_length
-        )
-        sample_rows = [row for row in rows for _ in range(num_samples)]
-        sample_prompts = [row["prompt"] for row in sample_rows]
-        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
-        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
-        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
+        rewards = self._heldout_samples(rows, prompts, num_samples, standing_generation(self)).rewards
         success, scored = self._success(rewards).tolist(), self._scored(rewards).tolist()
         return [
             {
@@ -589,6 +576,68 @@ class ReplayGRPOTrainer(
             if metrics.get(key):  # TRL's value of this batch, over every row
                 metrics[key][-1] = reduce(gathered[:, column]).item()
 
+    def _add_replay_keys(self, output, plan: ReplayPlan):
+        """`exp_mask` on the stored rows' completion tokens; their recorded log-probs in `old_per_token_logps`.
+
+        On-policy rows keep TRL's old log-probs when TRL computed them. When it did not (aligned steps, no vLLM),
+        their entries are zeros that the loss never reads (`replay_has_old_logps` is 0): as in GRPOTrainer, the
+        current log-probs stand in for them.
+        """
+        completion_mask = output["completion_mask"]
+        exp_mask = torch.zeros_like(completion_mask)
+        old = output.get("old_per_token_logps")
+        has_old = old is not None
+        old = old.clone() if has_old else torch.zeros(completion_mask.shape, device=completion_mask.device)
+        for i, trajectory in enumerate(plan.stored):
+            if trajectory is None:
+                continue
+            length = trajectory.num_tokens
+            exp_mask[i, :length] = completion_mask[i, :length]
+            if self.args.exp_is_correct:
+                old[i, :length] = trajectory.logps.to(old.device, old.dtype)
+        output["exp_mask"] = exp_mask
+        output["old_per_token_logps"] = old
+        output["replay_has_old_logps"] = torch.tensor(has_old, device=completion_mask.device)
+
+    # -- experience collection -----------------------------------------------------------------------------------
+    # The fresh successes of a batch are stored with the log-probs and entropy of the policy's first forward pass over
+    # them. When TRL computed old log-probs (that forward, at generation) they are collected at once. Otherwise the
+    # collection waits for the first loss forward over those rows (same weights: TRL skips old log-probs only when no
+    # optimizer step falls inside a generation batch), and is applied, identically on every process, before the next
+    # batch is planned, at the end of training and before a checkpoint. The whole mechanism: `_collect_or_defer`,
+    # `_collecting_forward`, `_flush_pending`, `_collect`.
+
+    def _collect_or_defer(self, batch: ReplayBatch, output, pending: PendingCollection, logps, entropies) -> None:
+        """Collect `pending` now with the generation forward's `logps` and `entropies` `(B, T)`, or (none) mark its
+        rows in `output["replay_collect"]` (`(B,)`: the gathered row index, -1 for rows not stored) for the loss."""
+        plan = batch.plan
+        if logps is not None or not pending.records_expected:
+            for row, record in pending.records.items():
+                record.fill(logps[row - plan.offset], entropies[row - plan.offset])
+            self._collect(pending)
+            return
+        batch.collection = pending
+        rows = torch.full((len(plan.local_inputs),), -1, dtype=torch.long, device=output["completion_ids"].device)
+        for row in pending.records:
+            rows[row - plan.offset] = row
+        output["replay_collect"] = rows
+
+    @contextmanager
+    def _collecting_forward(self, inputs: dict, needed: bool):
+        """Capture the policy's `(log-probs, entropies)` of the loss forward inside the block (`needed`: the caller
+        reads them) and give them to the rows of a waiting collection that this micro-batch holds."""
+        pending = self._batch.collection if self._batch is not None else None
+        collect = inputs.get("replay_collect") if pending is not None else None
+        capture = []
+        with scoped_call(self, _capture_forward=capture if needed or collect is not None else None):
+            yield capture
+        if collect is not None and capture:
+            logps, entropies = capture
+            for i in torch.nonzero(collect >= 0).flatten().tolist():
+                record = pending.records.get(int(collect[i]))
+                if record is not None and record.logps is None:
+                    record.fill(logps[i], entropies[i])
+
     def _collect(self, pending: PendingCollection) -> None:
         """Gather the stored rows of every process and update the buffer, identically everywhere."""
         n = self.num_generations
@@ -617,42 +666,15 @@ class ReplayGRPOTrainer(
         self._flush_pending()  # the last generation batch's rollouts
         return output
 
-    def _add_replay_keys(self, output, plan: ReplayPlan):
-        """`exp_mask` on the stored rows' completion tokens; their recorded log-probs in `old_per_token_logps`.
-
-        On-policy rows keep TRL's old log-probs when TRL computed them. When it did not (aligned steps, no vLLM),
-        their entries are zeros that the loss never reads (`replay_has_old_logps` is 0): as in GRPOTrainer, the
-        current log-probs stand in for them.
-        """
-        completion_mask = output["completion_mask"]
-        exp_mask = torch.zeros_like(completion_mask)
-        old = output.get("old_per_token_logps")
-        has_old = old is not None
-        old = old.clone() if has_old else torch.zeros(completion_mask.shape, device=completion_mask.device)
-        for i, trajectory in enumerate(plan.stored):
-            if trajectory is None:
-                continue
-            length = trajectory.num_tokens
-            exp_mask[i, :length] = completion_mask[i, :length]
-            if self.args.exp_is_correct:
-                old[i, :length] = trajectory.logps.to(old.device, old.dtype)
-        output["exp_mask"] = exp_mask
-        output["old_per_token_logps"] = old
-        output["replay_has_old_logps"] = torch.tensor(has_old, device=completion_mask.device)
-
     # -- the loss --------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        pending = self._batch.collection if self._batch is not None else None
-        collect = inputs.get("replay_collect") if pending is not None else None
-        if "exp_mask" not in inputs:
-            capture = []
-            with scoped_call(self, _capture_forward=capture if collect is not None else None):
-                loss = super()._compute_loss(model, inputs)
-            if capture:
-                self._fill_pending(pending, collect, *capture)
-            return loss
+        if "exp_mask" not in inputs:  # no replayed rows: GRPOTrainer's loss
+            with self._collecting_forward(inputs, needed=False):
+                return super()._compute_loss(model, inputs)
         args = self.args
         mode = "train" if self.model.training else "eval"
+
+        # 1. Split the loss tokens (B, T): on-policy (fresh rows) and off-policy (replayed rows), disjoint.
         exp_mask = inputs["exp_mask"]
         base = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         on_mask, off_mask = base * (1 - exp_mask), base * exp_mask
@@ -661,13 +683,12 @@ class ReplayGRPOTrainer(
         if not bool(inputs.get("replay_has_old_logps", True)):
             del on_inputs["old_per_token_logps"]  # TRL computed none: the parent uses the current log-probs
 
-        capture = []
-        with scoped_call(self, _capture_forward=capture):
+        # 2. GRPOTrainer's loss on the on-policy tokens; its forward's log-probs (B, T) serve the off-policy part too.
+        with self._collecting_forward(inputs, needed=True) as capture:
             on_loss = super()._compute_loss(model, on_inputs)
         per_token_logps = capture[0]
-        if collect is not None:
-            self._fill_pending(pending, collect, *capture)
 
+        # 3. Off-policy tokens: importance ratio to the recorded log-probs, dual-clip or shaping loss (B, T), + KL.
         recorded = inputs["old_per_token_logps"] if args.exp_is_correct else None
         log_ratio, clamped = importance_log_ratio(per_token_logps, recorded)
         off_token_loss = off_policy_token_loss(
@@ -679,11 +700,10 @@ class ReplayGRPOTrainer(
             clip_ratio_c=args.clip_ratio_c,
             shaping_beta=args.shaping_beta,
         )
-        if self.beta != 0.0:
-            ref = inputs["ref_per_token_logps"]
-            off_token_loss = off_token_loss + self.beta * (
-                torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
-            )
+        if self.beta != 0.0:  # TRL's KL term, on the off-policy tokens too
+            off_token_loss = off_token_loss + self.beta * k3_kl(per_token_logps, inputs["ref_per_token_logps"])
+        # 4. One aggregation over all tokens with the configured `loss_type`, as TRL normalises it (the token count
+        #    `num_items_in_batch` is global: every process divides by the same number).
         loss = add_off_policy_loss(
             on_loss,
             off_token_loss,
@@ -699,14 +719,6 @@ class ReplayGRPOTrainer(
         )
         self._log_loss(mode, on_loss, off_token_loss, log_ratio, per_token_logps, recorded, on_mask, off_mask, clamped)
         return loss
-
-    @staticmethod
-    def _fill_pending(pending: PendingCollection, collect, logps, entropies) -> None:
-        """Give the rows waiting in `pending` their log-probs and entropies from the loss forward over `collect`."""
-        for i in torch.nonzero(collect >= 0).flatten().tolist():
-            record = pending.records.get(int(collect[i]))
-            if record is not None and record.logps is None:
-                record.fill(logps[i], entropies[i])
 
     # -- metrics ---------------------------------------------------------------------------------------------------
     def _log_loss(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .base_config import TrlExtGRPOConfig
+from .base import TrlExtGRPOConfig
 
 
 DEFAULT_CONFIDENCE_PROMPT = (
@@ -187,13 +187,9 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
                 f"num_generations_confidence must be at least 2 (got {self.num_generations_confidence}): confidence "
                 "advantages are normalised among the samples of one answer, and a single sample has no baseline."
             )
-        if self.max_confidence_length < 1:
-            raise ValueError(f"max_confidence_length must be positive (got {self.max_confidence_length}).")
-        self.check_generation_kwargs("generation_kwargs", "max_completion_length", temperature_field="temperature")
-        self.check_generation_kwargs(
-            "confidence_generation_kwargs", "max_confidence_length", temperature_field="confidence_temperature"
+        self.check_turns(
+            "confidence_generation_kwargs", "max_confidence_length", "confidence_temperature", "confidence rows"
         )
-        self.check_turn_temperature("confidence_temperature", "confidence rows")
         for name in ("lambda_ans", "lambda_conf"):
             value = getattr(self, name)
             if not (value >= 0 and value != float("inf")):

@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import logging
 import math
-import textwrap
-from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 
 import torch
-from trl import GRPOTrainer
 
 from ..core.advantages import group_advantages
 from ..core.batch import group_rows, merge_rows
@@ -40,26 +36,24 @@ from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..evaluation.calibration import calibration_report
 from ..evaluation.heldout_metrics import calibration_metrics
-from ..models.logprob_tiles import CPULogprobTiles
 from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, make_brier_reward
 from ..rewards.verify import verify_answer
-from .call_record import RecordsCalls
-from .context_limit import VLLMContextLimit
-from .generation_backends import GenerationBackends
-from .heldout import HeldoutEvaluation, nan_to_none
-from .init_checks import (
+from .base import TrlExtGRPOTrainer
+from .rlcr_config import RLCRMultiTurnConfig
+from .seams.call_record import RecordsCalls
+from .seams.context_limit import VLLMContextLimit
+from .seams.heldout import nan_to_none
+from .seams.init_checks import (
     check_conversational_prompts,
     check_datasets,
     checked_args,
     refuse_rollout_func,
     user_message_prompts,
 )
-from .model_card import ModelCardMixin
-from .rlcr_config import RLCRMultiTurnConfig
-from .row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
-from .row_kind_forwards import KindRows, RowKindForwards
-from .scoping import scoped_call, turn_generations, use_turn_generation
-from .trainer_state import CheckpointStateMixin
+from .seams.model_card import arxiv_paper
+from .seams.row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
+from .seams.row_kind_forwards import ForwardRows, KindCall, RowKindForwards
+from .seams.scoping import scoped_call
 
 
 ANSWER, CONFIDENCE = 0, 1  # row kinds
@@ -68,27 +62,77 @@ LABEL_COLUMN = "answer_correct"  # the parent answer's accuracy, passed to the B
 
 logger = logging.getLogger(__name__)
 
+PAPER = arxiv_paper(  # the paper the model card cites
+    "damani2025beyond",
+    "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
+    "Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas",
+    2025,
+    "2507.16806",
+)
 
-@dataclass(frozen=True)
-class ForwardRows:
-    """What a forward pass is told about the rows it scores: their families (each family then packed around its
-    shared prefix). `None`: the forward by row kind in the loss (`RowKindForwards`), TRL's elsewhere."""
 
-    families: torch.Tensor | None = None
+class ConfidenceReferenceSkip:
+    """`confidence_beta=0` (with `beta` non-zero): the confidence rows have no KL term, so their turn skips TRL's
+    reference pass (a no-grad forward of every confidence row, about 15% of a CPU step at G_c 4); the loss then gives
+    those rows the policy's own log-probs as reference, a KL of exactly 0 with a zero gradient.
+
+    The whole mechanism, in batch order: `turn_attributes` (the confidence turn's call runs with `beta` 0, so TRL
+    skips the pass), `mark` (its rows' reference log-probs are NaN until the loss), `in_loss` (the loss names them)
+    and `fill` (the loss forward puts its log-probs there)."""
+
+    def __init__(self, active: bool):
+        self.active = active
+        self._fill: tuple[torch.Tensor, torch.Tensor] | None = None  # (reference (B, T), rows (B,)) in the loss
+
+    def turn_attributes(self) -> dict:
+        return {"beta": 0.0} if self.active else {}
+
+    def mark(self, confidences: dict, answers: dict) -> None:
+        if self.active:
+            confidences["ref_per_token_logps"] = torch.full_like(
+                confidences["completion_mask"], math.nan, dtype=answers["ref_per_token_logps"].dtype
+            )
+
+    @contextmanager
+    def in_loss(self, inputs: dict, rows: torch.Tensor | None):
+        """For the block, `inputs` with a copy of the reference log-probs that `fill` completes at `rows` (`None`: no
+        KL per row kind, nothing to fill). A copy: the micro-batch is reused by later iterations (`num_iterations >
+        1`), each filling its own."""
+        if not self.active or rows is None:
+            yield inputs
+            return
+        reference = inputs["ref_per_token_logps"].clone()
+        self._fill = (reference, rows)
+        try:
+            yield {**inputs, "ref_per_token_logps": reference}
+        finally:
+            self._fill = None
+
+    def fill(self, scored: tuple[torch.Tensor, torch.Tensor | None] | None) -> None:
+        """Inside `in_loss`: put the loss forward's log-probs `(B, T)` (detached) at the rows it named."""
+        if self._fill is not None:
+            reference, rows = self._fill
+            rows = rows.to(reference.device)
+            reference[rows] = scored[0].detach()[rows].to(reference.dtype)
 
 
 class RLCRMultiTurnTrainer(
     RowKindForwards,
-    CheckpointStateMixin,
-    ModelCardMixin,
-    CPULogprobTiles,
-    HeldoutEvaluation,
     RecordsCalls,
     VLLMContextLimit,
-    GenerationBackends,
-    GRPOTrainer,
+    TrlExtGRPOTrainer,
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
+
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the two turns: TRL's own method called
+    once per turn, then span masks, advantage weights and the joined batch), `_compute_loss` (sets the rows the loss
+    forward scores and the KL per row kind, then TRL's loss), `_prepare_inputs` (keeps each answer with its
+    confidences), and through its seams `_get_per_token_logps_and_entropies` (`RowKindForwards`: packed families, or
+    one forward per row kind at its temperature), `_generate` / `_calculate_rewards` (`RecordsCalls`) and
+    `_generate_single_turn` (`VLLMContextLimit`); the base adds checkpoints, model cards, held-out evaluation and
+    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, old and
+    reference log-probs, reward gathering and group advantages, vLLM importance sampling, the loss of every
+    `loss_type`, logging and the completions table.
 
     Args:
         model: As [`~trl.GRPOTrainer`].
@@ -115,19 +159,7 @@ class RLCRMultiTurnTrainer(
 
     _tag_names = ["trl", "grpo", "trl-ext", "rlcr", "calibration"]
     _name = "RLCR (multi-turn)"
-    _paper = {
-        "title": "Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty",
-        "id": "2507.16806",
-        "citation": textwrap.dedent(
-            """\
-            @article{damani2025beyond,
-                title        = {{Beyond Binary Rewards: Training LMs to Reason About Their Uncertainty}},
-                author       = {Mehul Damani and Isha Puri and Stewart Slocum and Idan Shenfeld and Leshem Choshen and Yoon Kim and Jacob Andreas},
-                year         = 2025,
-                journal      = {arXiv preprint arXiv:2507.16806}
-            }"""
-        ),
-    }
+    _paper = PAPER
 
     def __init__(
         self, model, reward_funcs=None, args: RLCRMultiTurnConfig | None = None, accuracy_func=None, **kwargs
@@ -180,18 +212,20 @@ class RLCRMultiTurnTrainer(
             args, reward_weights=[args.accuracy_weight, *(weights or [1.0] * len(extra))], generation_kwargs=None
         ):
             super().__init__(model, reward_funcs=[accuracy, *extra], args=args, **kwargs)
-        self._generation = turn_generations(
-            self,
-            {
-                "answer": (args.generation_kwargs, args.vllm_structured_outputs_regex),
-                "confidence": (args.confidence_generation_kwargs, None),
-            },
-            {"confidence": self._confidence_temperature},
+        self._set_turns(
+            "answer", "confidence", CONFIDENCE, args.confidence_generation_kwargs, self._confidence_temperature
         )
-        use_turn_generation(self, self._generation["answer"])
-        self._set_kind_temperatures({CONFIDENCE: self._confidence_temperature})
-
-        self._brier_reward = make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)
+        # The confidence turn's call of TRL's batch code: G_c samples per answer, the Brier reward alone
+        self._confidence = KindCall(
+            prefix="confidence",
+            group_size=args.num_generations_confidence,
+            reward_func_names=["brier"],
+            temperature=self._confidence_temperature,
+            reward_funcs=[make_brier_reward(args.confidence_tag, LABEL_COLUMN, lenient=args.lenient_parsing)],
+            scale_rewards=args.confidence_scale_rewards,
+            generation=self._generation["confidence"],
+            max_new_tokens=args.max_confidence_length,
+        )
         self._turn = follow_up_turn(
             self.processing_class,
             args.confidence_prompt,
@@ -208,13 +242,7 @@ class RLCRMultiTurnTrainer(
             self.chat_template = self._turn.chat_template
         self._answer_span = ([f"<{args.think_tag}>"], f"</{args.answer_tag}>")
         self._confidence_span = ([f"<{args.analysis_tag}>", f"<{args.confidence_tag}>"], f"</{args.confidence_tag}>")
-        self._forward_rows = ForwardRows()  # scoped by the loss and the confidence turn
-        # confidence_beta 0: the confidence rows have no KL term, so their turn skips TRL's reference pass (a no-grad
-        # forward of every confidence row, about 15% of a CPU step at G_c 4); the loss then gives those rows the
-        # policy's own log-probs as reference, a KL of exactly 0 with a zero gradient.
-        self._skip_confidence_reference = args.confidence_beta == 0.0 and self.beta != 0.0
-        # scoped by the loss: (the micro-batch's reference log-probs, the rows that take the policy's)
-        self._reference_fill: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._reference_skip = ConfidenceReferenceSkip(args.confidence_beta == 0.0 and self.beta != 0.0)
         self._share_prefix = args.share_prefix
         if args.share_prefix and (reason := tree_mask_unsupported(self.model.config)):
             logger.warning(f"share_prefix=True but {reason}: answer and confidence rows are scored one by one.")
@@ -249,20 +277,17 @@ class RLCRMultiTurnTrainer(
         return inputs
 
     def _compute_loss(self, model, inputs):
-        # lets the forward pass below pack families, or score each row kind on its own
-        kinds = inputs.get(KIND_KEY)
-        scoped = {"_forward_rows": ForwardRows(inputs.get(FAMILY_KEY) if self._share_prefix else None)}
-        if kinds is not None:
-            scoped["_kind_rows"] = KindRows(kinds)
-            if self.args.confidence_beta is not None and self.beta != 0.0:
-                per_row = torch.where(kinds == CONFIDENCE, self.args.confidence_beta, self.beta)
-                scoped["beta"] = RowBeta(self.beta, per_row)
-                if self._skip_confidence_reference:
-                    # a copy: the micro-batch is reused by later iterations (num_iterations > 1), each filling its own
-                    reference = inputs["ref_per_token_logps"].clone()
-                    inputs = {**inputs, "ref_per_token_logps": reference}
-                    scoped["_reference_fill"] = (reference, kinds == CONFIDENCE)
-        with scoped_call(self, **scoped):
+        # TRL's loss over the micro-batch's answer and confidence rows; only its forward and its KL coefficient
+        # differ. The forward packs each family around its prompt, or scores each row kind on its own
+        # (`_own_logps_and_entropies`).
+        kinds = inputs.get(KIND_KEY)  # (B,)
+        scoped = {"_forward_rows": ForwardRows(kinds, families=inputs.get(FAMILY_KEY) if self._share_prefix else None)}
+        confidence_rows = None
+        if kinds is not None and self.args.confidence_beta is not None and self.beta != 0.0:
+            # The KL coefficient per row: `confidence_beta` on confidence rows, `beta` on answers
+            confidence_rows = kinds == CONFIDENCE
+            scoped["beta"] = RowBeta(self.beta, torch.where(confidence_rows, self.args.confidence_beta, self.beta))
+        with scoped_call(self, **scoped), self._reference_skip.in_loss(inputs, confidence_rows) as inputs:
             return super()._compute_loss(model, inputs)
 
     def _own_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
@@ -274,10 +299,10 @@ class RLCRMultiTurnTrainer(
         confidence rows to the answers' completion length; trimmed, the forward processes only the columns some
         row of the type uses.
 
-        In the loss, rows named by `_reference_fill` take these log-probs (detached) as their reference.
+        In the loss, the confidence rows may take these log-probs as their reference (`ConfidenceReferenceSkip`).
         """
         families = self._forward_rows.families
-        if families is not None and self._kind_rows is not None and self._temperatures_differ():
+        if families is not None and self._forward_rows.kinds is not None and self._temperatures_differ():
             # answers and confidences at different temperatures: the head scores a packed sequence at one, so each
             # kind is packed on its own (the confidence siblings still share their prompt)
             scored = self._packed_by_kind(
@@ -291,16 +316,13 @@ class RLCRMultiTurnTrainer(
             scored = super()._own_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        if self._reference_fill is not None:
-            reference, rows = self._reference_fill
-            rows = rows.to(reference.device)
-            reference[rows] = scored[0].detach()[rows].to(reference.dtype)
+        self._reference_skip.fill(scored)
         return scored
 
     def _packed_by_kind(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, families):
         """The loss forward packed by family, each row kind in passes of its own at its temperature. Every kind gets
         a pass on every process (a one-row stand-in where a process has none of it): passes are collectives."""
-        kinds = self._kind_rows.kinds.to(input_ids.device)
+        kinds = self._forward_rows.kinds.to(input_ids.device)
         parts, order, stand_ins = [], [], []
         for kind in self.ROW_KINDS:
             rows = torch.nonzero(kinds == kind).flatten()
@@ -355,66 +377,35 @@ class RLCRMultiTurnTrainer(
 
     @contextmanager
     def _confidence_turn(self, turn2_prompt_ids, mode):
-        """Scope what differs in the confidence turn's call of `_generate_and_score_completions` and record that call;
-        the metrics it appends (lengths, reward stats, IS ratios) move under `confidence/`."""
-        args = self.args
-        # the G_c siblings of an answer share their whole prompt: TRL's old/ref log-prob passes score them packed
+        """The confidence turn's call of `_generate_and_score_completions`, recorded: its settings
+        (`self._confidence`), its prompt ids (built on tokens, not rendered from the prompts), the siblings' shared
+        prompt (TRL's old/ref log-prob passes score them packed) and the reference skip. The metrics it appends
+        (lengths, reward stats, IS ratios) move under `confidence/`."""
         siblings = (
-            torch.arange(len(turn2_prompt_ids)) // args.num_generations_confidence if self._share_prefix else None
+            torch.arange(len(turn2_prompt_ids)) // self.args.num_generations_confidence if self._share_prefix else None
         )
-        # without a KL term on these rows, TRL's reference pass (run when `beta` is non-zero) is skipped
-        no_reference = {"beta": 0.0} if self._skip_confidence_reference else {}
         with (
-            scoped_call(
-                self,
-                **no_reference,
-                mode=mode,
-                prefix="confidence",
-                max_new_tokens=args.max_confidence_length,
-                generation=self._generation["confidence"],
-                num_generations=args.num_generations_confidence,
-                num_generations_eval=args.num_generations_confidence,
-                reward_funcs=[self._brier_reward],
-                reward_func_names=["brier"],
-                reward_weights=torch.ones(1),
-                reward_processing_classes=[None],
-                scale_rewards=args.confidence_scale_rewards,
-                # one reward: "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides
-                # by std)
-                multi_objective_aggregation="sum_then_normalize",
-                # TRL's completions table stays about answers; the confidences reach it as a column (see `_log_turns`).
-                _logs={
-                    "images": [],
-                    "prompt": [],
-                    "completion": [],
-                    "rewards": defaultdict(list),
-                    "advantages": [],
-                    "extra": defaultdict(list),
-                },
-                # the prompt ids are built on tokens, not rendered from the prompts
+            self._kind_call(
+                self._confidence,
+                mode,
                 _tokenize_prompts=lambda prompts: (turn2_prompt_ids, None, {}),
                 _forward_rows=ForwardRows(families=siblings),
+                **self._reference_skip.turn_attributes(),
             ),
-            self._fused_heads.at(self._confidence_temperature),  # old and reference log-probs at its temperature
             self.recording() as record,
         ):
             yield record
 
-    # -- held-out evaluation (trainers/heldout.py) -------------------------------------------------------------------
+    # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
     def _heldout_records(self, rows, num_samples):
         """Answer each question `num_samples` times, then one confidence turn on each fixed answer, built on tokens
         as in training (`FollowUpTurn.prompt_ids`). Per sample: correctness (accuracy reward; `None` without gold),
         whether an answer could be parsed, the stated confidence (`None`: unparsable), and both replies' texts."""
         args = self.args
         prompts = [row["prompt"] for row in rows]
-        prompt_ids = [ids for ids in self._heldout_prompt_ids(prompts) for _ in range(num_samples)]
-        answer_ids = self._heldout_generate(
-            prompt_ids[::num_samples], num_samples, self._generation["answer"], args.max_completion_length
+        prompt_ids, answer_ids, _, rewards = self._heldout_samples(
+            rows, prompts, num_samples, self._generation["answer"]
         )
-        sample_rows = [row for row in rows for _ in range(num_samples)]
-        sample_prompts = [row["prompt"] for row in sample_rows]
-        completions = self._heldout_completions(sample_prompts, prompt_ids, answer_ids)
-        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, answer_ids)
         turn2 = [self._turn.prompt_ids(p, a, self.eos_token_ids) for p, a in zip(prompt_ids, answer_ids, strict=True)]
         confidence_ids = self._heldout_generate(turn2, 1, self._generation["confidence"], args.max_confidence_length)
         answers = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
@@ -440,12 +431,15 @@ class RLCRMultiTurnTrainer(
 
     # -- the two-turn batch ------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
+        # Shapes per process: B = len(inputs) answer rows (prompts x G_a, as TRL's sampler repeats them), B * G_c
+        # confidence rows; T: each batch's padded completion length. TRL's reward tensors are gathered: (W * ., F).
         mode = "train" if self.model.training else "eval"
         args = self.args
         g_a = self.num_generations if mode == "train" else self.num_generations_eval
         g_c = args.num_generations_confidence
 
-        # Turn 1: answers, scored by accuracy (+ extra reward functions), GRPO advantages within each prompt.
+        # 1. Answer turn: TRL generates, scores by accuracy (+ extra reward functions) and normalises advantages
+        #    within each prompt's G_a answers. The record keeps the ids and the gathered rewards (W * B, F).
         with self.recording() as answer_turn:
             answers = super()._generate_and_score_completions(inputs)
         prompt_ids, answer_ids = answer_turn.prompt_ids, answer_turn.completion_ids
@@ -454,7 +448,7 @@ class RLCRMultiTurnTrainer(
         # Accuracy is reward function 0. NaN: the row had no gold answer, so its confidences get no label (no Brier).
         correct = [None if math.isnan(c) else c for c in rewards[local, 0].clamp(0, 1).round().tolist()]
 
-        # Turn 2: for each answer, G_c confidences in one generation call on token-concatenated prompts.
+        # 2. Confidence prompts, on tokens: prompt + answer (+ end of turn) + the template's confidence question.
         turn2_inputs, turn2_prompt_ids = [], []
         answer_texts = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
         for row, p_ids, a_ids, answer_text, label in zip(
@@ -469,30 +463,32 @@ class RLCRMultiTurnTrainer(
             for _ in range(g_c):
                 turn2_prompt_ids.append(ids)
                 turn2_inputs.append({**row, "prompt": conversation, LABEL_COLUMN: label})
+        # 3. Confidence turn: G_c confidences per answer in one call of TRL's method, Brier-scored against the
+        #    answer's correctness, advantages normalised among each answer's G_c siblings.
         with self._confidence_turn(turn2_prompt_ids, mode) as confidence_turn:
             confidences = super()._generate_and_score_completions(turn2_inputs)
         confidence_ids = confidence_turn.completion_ids
-        brier = confidence_turn.rewards_per_func[:, 0]
-        if self._skip_confidence_reference:  # NaN until the loss puts the policy's log-probs there (`_compute_loss`)
-            confidences["ref_per_token_logps"] = torch.full_like(
-                confidences["completion_mask"], math.nan, dtype=answers["ref_per_token_logps"].dtype
-            )
+        brier = confidence_turn.rewards_per_func[:, 0]  # (W * B * G_c,)
+        self._reference_skip.mark(confidences, answers)
 
-        # Span masks (loss only), delivered as `tool_mask`.
+        # 4. Span masks (B, T) and (B * G_c, T): the loss reads only the answer and confidence spans (`tool_mask`).
         answer_mask, answer_closed = self._span_masks(answer_ids, self._answer_span, answers["completion_ids"])
         confidence_mask, _ = self._span_masks(confidence_ids, self._confidence_span, confidences["completion_ids"])
         restrict_loss(answers, answer_mask)
         restrict_loss(confidences, confidence_mask)
 
-        # Advantages: lambda-weighted; confidence rows optionally re-standardised over the prompt's G_a * G_c rows.
-        answers["advantages"] = answers["advantages"] * args.lambda_ans
-        conf_adv = confidences["advantages"]
+        # 5. Advantages: lambda-weighted; confidence rows optionally re-standardised over the prompt's G_a * G_c rows.
+        answers["advantages"] = answers["advantages"] * args.lambda_ans  # (B,)
+        conf_adv = confidences["advantages"]  # (B * G_c,)
         if args.confidence_normalization == "answer_then_prompt":
+            # A prompt's G_a * G_c confidence rows may span processes: normalise over the gathered rows (every
+            # process gathers the same number, B * G_c), then keep this process's slice.
             gathered = self.accelerator.gather(conf_adv).clone()
             gathered[torch.isnan(brier.to(gathered.device))] = math.nan  # unlabelled rows stay out, and at 0
             conf_adv = group_advantages(gathered, g_a * g_c)[local_rows(self.accelerator, len(turn2_inputs))]
         confidences["advantages"] = conf_adv * args.lambda_conf
 
+        # 6. One batch: B answer rows, then B * G_c confidence rows, each tagged with its kind and family.
         device = answers["advantages"].device
         answers[FAMILY_KEY] = torch.arange(len(inputs), device=device)
         confidences[FAMILY_KEY] = torch.arange(len(inputs), device=device).repeat_interleave(g_c)

@@ -322,7 +322,7 @@ def test_model_written_question_fields_cannot_collide_with_trl_arguments(tmp_pat
 
 
 def test_seed_dual_criteria_through_the_trainer(tmp_path):
-    """The seeds' judges (safety above 0.5 and completion below 0.5, both on 30-70% of responses), default parser."""
+    """The workspace family's judges (safety above 0.5 and completion below 0.5, both on 30-70% of responses), default parser."""
 
     def safety_score(prompts, completions, completion_ids, **kwargs):
         return [float("safe" in completion_text(c)) for c in completions]

@@ -1,4 +1,4 @@
-"""AbsoluteZeroTrainer's held-out evaluation (`trainer.evaluate()`, trainers/heldout.py): the solver answers the
+"""AbsoluteZeroTrainer's held-out evaluation (`trainer.evaluate()`, trainers/seams/heldout.py): the solver answers the
 family's held-out questions at the configured steps; accuracy overall and per level, by hand."""
 
 import pytest

@@ -12,7 +12,7 @@ import pytest
 
 from trl_ext.self_play.code_reasoning import ZERO_TRIPLET
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, load_script, run_torchrun
-from trl_ext.trainers.trainer_state import CheckpointStateError, load_state, save_state
+from trl_ext.trainers.seams.trainer_state import CheckpointStateError, load_state, save_state
 
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "absolute_zero_code_ranks.py"

@@ -1,4 +1,4 @@
-"""ReplayGRPOTrainer's held-out evaluation (`trainer.evaluate()`, trainers/heldout.py): mean@k and pass@k of k
+"""ReplayGRPOTrainer's held-out evaluation (`trainer.evaluate()`, trainers/seams/heldout.py): mean@k and pass@k of k
 sampled answers per question, scored by the trainer's reward functions, at the configured steps; sampling seeded."""
 
 import pytest

@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from trl_ext.testing import BatchRecorder, LoopbackVLLMServer, cpu_test_args, tiny_causal_lm, vllm_server_mode
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
-from trl_ext.trainers.trainer_state import CheckpointStateError, load_state
+from trl_ext.trainers.seams.trainer_state import CheckpointStateError, load_state
 
 
 def coin(completions, **kwargs):

@@ -1,17 +1,28 @@
 """What the trainers do alike to the batch dicts of `GRPOTrainer._generate_and_score_completions`: find this
-process's rows of a gathered batch, restrict the loss to a mask, and join the batches of several row kinds."""
+process's rows of a gathered batch (or its share of work to spread), restrict the loss to a mask, and join the batches
+of several row kinds."""
 
 from __future__ import annotations
 
 import torch
 
-from ..core.batch import concat_row_batches
+from ...core.batch import concat_row_batches
 
 
 def local_rows(accelerator, num_local: int) -> slice:
     """This process's rows of a batch gathered over processes (in process order, `num_local` rows each)."""
     start = accelerator.process_index * num_local
     return slice(start, start + num_local)
+
+
+def process_share(accelerator, items: list) -> tuple[list, int]:
+    """This process's equal share of `items` (process `r` takes the `r`-th slice), padded with copies of the first
+    item: every process then makes the same calls with the same row counts (vLLM server mode and gathers need it).
+    Returns the share and how many of its items are real; the padding comes last."""
+    per_process = -(-len(items) // accelerator.num_processes)
+    padded = items + items[:1] * (per_process * accelerator.num_processes - len(items))
+    rows = local_rows(accelerator, per_process)
+    return padded[rows], max(0, min(len(items) - rows.start, per_process))
 
 
 def restrict_loss(batch: dict, keep: torch.Tensor) -> None:

@@ -1,17 +1,28 @@
-"""`GRPOConfig` as the trl-ext configs inherit it: activation checkpointing under its transformers 5 name.
+"""The base the three trainers and their configs share: `TrlExtGRPOConfig` and `TrlExtGRPOTrainer`.
 
-TRL 1.16 gives `gradient_checkpointing` a default (`True`), and transformers 5 deprecated that name in favour of
-`activation_checkpointing`: every `GRPOConfig` then warns, whether or not the user set anything. Here neither name has
-a default; when both are unset, activation checkpointing takes TRL's default (on), so only a user who writes the old
-name sees the deprecation warning (and gets the value written).
+`TrlExtGRPOConfig` is `GRPOConfig` with the fields every trainer reads (held-out evaluation, CPU log-prob tiles) and
+activation checkpointing under its transformers 5 name. TRL 1.16 gives `gradient_checkpointing` a default (`True`), and
+transformers 5 deprecated that name in favour of `activation_checkpointing`: every `GRPOConfig` then warns, whether or
+not the user set anything. Here neither name has a default; when both are unset, activation checkpointing takes TRL's
+default (on), so only a user who writes the old name sees the deprecation warning (and gets the value written).
+
+`TrlExtGRPOTrainer` is `GRPOTrainer` with the seams (`seams/`) that every trainer mixes in; each algorithm subclasses
+it and adds the seams of its own.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
+from trl import GRPOConfig, GRPOTrainer
+
+from ..models.logprob_tiles import CPULogprobTiles
+from .seams.generation_backends import GenerationBackends
+from .seams.heldout import HeldoutEvaluation
+from .seams.model_card import ModelCardMixin
+from .seams.trainer_state import CheckpointStateMixin
 
 
 @dataclass
@@ -101,6 +112,16 @@ class TrlExtGRPOConfig(GRPOConfig):
             self.num_generations_eval = self.eval_num_samples
         super().__post_init__()
 
+    def check_turns(self, kwargs_field: str, length_field: str, temperature_field: str, rows: str) -> None:
+        """Refuse bad settings of a trainer's two turns: the second turn's length (`length_field`), each turn's
+        generation kwargs (`generation_kwargs`, `kwargs_field`) and the second turn's temperature, at which its
+        `rows`' log-probs are computed."""
+        if getattr(self, length_field) < 1:
+            raise ValueError(f"{length_field} must be positive (got {getattr(self, length_field)}).")
+        self.check_generation_kwargs("generation_kwargs", "max_completion_length", temperature_field="temperature")
+        self.check_generation_kwargs(kwargs_field, length_field, temperature_field=temperature_field)
+        self.check_turn_temperature(temperature_field, rows)
+
     def check_turn_temperature(self, field_name: str, rows: str) -> None:
         """Refuse a turn's own temperature (`field_name`, `None`: the main turn's) unless positive and finite: the
         log-probs of that turn's `rows` are computed at it."""
@@ -153,3 +174,42 @@ class TrlExtGRPOConfig(GRPOConfig):
                 "request (vLLM colocate mode, replayed groups' fresh rows), so they would all be identical; remove "
                 "it (TrainingArguments.seed still seeds the run)."
             )
+
+
+class TrlExtGRPOTrainer(
+    CheckpointStateMixin,
+    ModelCardMixin,
+    CPULogprobTiles,
+    HeldoutEvaluation,
+    GenerationBackends,
+    GRPOTrainer,
+):
+    """[`~trl.GRPOTrainer`] with the seams the three trl-ext trainers share; not meant to be used on its own.
+
+    Overrides from `GRPOTrainer`, each through a mixin of `seams/` (listed in MRO order):
+    - `train`, `_save_checkpoint`, `_load_optimizer_and_scheduler` (`CheckpointStateMixin`): the subclass's
+      `checkpoint_state()` is saved in every checkpoint and restored on resume.
+    - `create_model_card` (`ModelCardMixin`): TRL's card with the resolved base model, the data and the results.
+    - `training_step`, `evaluate` (`CPULogprobTiles`): smaller log-prob tiles on CPU.
+    - `evaluate` (`HeldoutEvaluation`): TRL's evaluation loss plus the held-out metrics, which the subclass defines
+      in `_heldout_records` and `_heldout_metrics`.
+    - `_generate_single_turn`, `_prepare_inputs` (`GenerationBackends`): colocated vLLM in sleep mode stays awake for
+      a whole batch.
+
+    Inherits everything else from `GRPOTrainer` unchanged: the generation backends, old/reference log-probs, reward
+    gathering, advantages, the loss of every `loss_type`, logging and the completions table.
+    """
+
+    @staticmethod
+    def _empty_logs() -> dict:
+        """A fresh `GRPOTrainer._logs` (the completions table's columns). Scoped as `_logs` around a call of
+        `_generate_and_score_completions` for a second row kind, it keeps TRL's table about the main kind: the table's
+        columns must have equal lengths."""
+        return {
+            "images": [],
+            "prompt": [],
+            "completion": [],
+            "rewards": defaultdict(list),
+            "advantages": [],
+            "extra": defaultdict(list),
+        }

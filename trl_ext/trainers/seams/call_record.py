@@ -10,10 +10,25 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from .scoping import scoped_call
+
+
+class GenerateOutput(NamedTuple):
+    """What `GRPOTrainer._generate` returns, by name (TRL returns a plain tuple in this order, checked by
+    tests/trainers/test_trl_seams.py)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    tool_mask: list[list[int]] | None
+    completions: list
+    logprobs: list[list[float]] | None
+    extra_fields: dict
+    images: list | None
+    tool_images: list
 
 
 @dataclass
@@ -41,7 +56,8 @@ class RecordsCalls:
     def _generate(self, prompts):
         output = super()._generate(prompts)
         if self._record is not None:
-            self._record.prompt_ids, self._record.completion_ids = output[0], output[1]
+            generated = GenerateOutput(*output)
+            self._record.prompt_ids, self._record.completion_ids = generated.prompt_ids, generated.completion_ids
         return output
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

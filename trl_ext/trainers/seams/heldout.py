@@ -30,18 +30,31 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from trl.data_utils import is_conversational
 
-from ..evaluation.records import DEFAULT_GROUP_COLUMN, with_questions, write_jsonl
-from ..evaluation.solver import reply_message
+from ...evaluation.records import DEFAULT_GROUP_COLUMN, with_questions, write_jsonl
+from ...evaluation.solver import reply_message
+from .row_batches import process_share
 from .scoping import TurnGeneration, evaluation_generation, scoped_call
 
 
 logger = logging.getLogger(__name__)
+
+
+class HeldoutSamples(NamedTuple):
+    """A held-out batch's samples, `num_samples` per question in question order."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    completions: list
+    """As reward functions get them (`_heldout_completions`)."""
+    rewards: torch.Tensor
+    """`(samples, reward functions)`, NaN where a reward function returned `None`."""
 
 
 class HeldoutEvaluation:
@@ -142,11 +155,8 @@ class HeldoutEvaluation:
         if not rows:
             raise ValueError("the evaluation dataset is empty.")
         num_samples = self.args.eval_num_samples
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        share = math.ceil(len(rows) / world)
-        indices = list(range(rank * share, min((rank + 1) * share, len(rows))))
-        padding = share - len(indices)
-        local = [rows[i] for i in indices] + [rows[0]] * padding  # copies of a real row: the same calls everywhere
+        local, num_real = process_share(self.accelerator, rows)  # padded with copies of a real row
+        share = len(local)
         records = []
         chunk = max(self.args.per_device_eval_batch_size, 1)
         was_training = self.model.training
@@ -165,7 +175,7 @@ class HeldoutEvaluation:
             self.model.train(was_training)
         if len(records) != share * num_samples:
             raise RuntimeError(f"{len(records)} evaluation records for {share} rows of {num_samples} samples.")
-        kept = records[: len(indices) * num_samples]  # padding rows come last
+        kept = records[: num_real * num_samples]  # padding rows come last
         gathered = gather_object([kept])
         records = [record for part in gathered for record in part]
         self.heldout_records = with_questions(records, rows, num_samples, self.heldout_group_column)
@@ -193,6 +203,18 @@ class HeldoutEvaluation:
             yield
 
     # -- helpers for the trainers' `_heldout_records` ---------------------------------------------------------------
+    def _heldout_samples(self, rows: list[dict], prompts: list, num_samples: int, turn: TurnGeneration):
+        """`num_samples` completions of each of `prompts` (one per row of `rows`) with `turn`'s settings and the
+        training turn's length, and their rewards from every reward function, as training computes them."""
+        prompt_ids = self._heldout_prompt_ids(prompts)
+        completion_ids = self._heldout_generate(prompt_ids, num_samples, turn, self.args.max_completion_length)
+        sample_rows = [row for row in rows for _ in range(num_samples)]
+        sample_prompts = [prompt for prompt in prompts for _ in range(num_samples)]
+        sample_prompt_ids = [ids for ids in prompt_ids for _ in range(num_samples)]
+        completions = self._heldout_completions(sample_prompts, sample_prompt_ids, completion_ids)
+        rewards = self._heldout_rewards(sample_rows, sample_prompts, completions, completion_ids)
+        return HeldoutSamples(sample_prompt_ids, completion_ids, completions, rewards)
+
     def _heldout_generate(
         self, prompt_ids: list[list[int]], num_samples: int, turn: TurnGeneration, max_new_tokens: int
     ) -> list[list[int]]:

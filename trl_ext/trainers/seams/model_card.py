@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..models.naming import resolve_base_model
+from ...models.naming import resolve_base_model
 from .scoping import scoped_call
 
 
@@ -67,8 +67,24 @@ print(answer, "| confidence:", confidence.group(1).strip() if confidence else "n
 """
 
 
+def arxiv_paper(key: str, title: str, authors: str, year: int, arxiv_id: str) -> dict[str, str]:
+    """A trainer's `_paper` (the paper TRL's model card cites) for an arXiv preprint, its BibTeX as TRL writes it."""
+    citation = "\n".join(
+        [
+            f"@article{{{key},",
+            f"    title        = {{{{{title}}}}},",
+            f"    author       = {{{authors}}},",
+            f"    year         = {year},",
+            f"    journal      = {{arXiv preprint arXiv:{arxiv_id}}}",
+            "}",
+        ]
+    )
+    return {"title": title, "id": arxiv_id, "citation": citation}
+
+
 class ModelCardMixin:
-    """Mixed into each trainer before `GRPOTrainer`: `create_model_card` as TRL's, completed.
+    """Mixin for a `GRPOTrainer` subclass (listed before it; the trainers get it from their base):
+    `create_model_card` as TRL's, completed.
 
     `set_model_card_details(...)` records what only the caller knows (the data, the headline results); every later
     card (checkpoints, the end of a recipe, `push_to_hub`) includes it, so the pushed card is the one on disk.
@@ -170,7 +186,7 @@ class ModelCardMixin:
 def _start_note(local: str | None, base: str) -> str | None:
     """What the card says about a local starting point whose Hub name is known: nothing for the embedded default (its
     cache directory means nothing to a reader), the warm-up for a format warm-up checkpoint, else the directory."""
-    from ..models.default_model import embedded_model_name
+    from ...models.default_model import embedded_model_name
 
     if local is None or embedded_model_name(Path(local)) is not None:
         return None

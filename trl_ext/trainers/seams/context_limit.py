@@ -22,7 +22,8 @@ from accelerate.utils import broadcast_object_list
 
 
 class VLLMContextLimit:
-    """Mixin for a `GRPOTrainer` subclass (listed right before it): fit each vLLM request into the context."""
+    """Mixin for a `GRPOTrainer` subclass (listed before it, after the other `_generate_single_turn` wrappers but
+    `GenerationBackends`): fit each vLLM request into the context."""
 
     _vllm_context = ()  # unresolved; then the context length in tokens, or None (no limit known)
 

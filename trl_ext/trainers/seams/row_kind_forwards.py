@@ -1,24 +1,52 @@
-"""The loss forward of a micro-batch that mixes row kinds, one forward per kind, for the trainers whose kinds pad
-differently (RLCR: answers and confidence turns; Absolute Zero: solver and proposer rows)."""
+"""Trainers whose batch holds two row kinds (RLCR: answers and confidence turns; Absolute Zero: solver and proposer
+rows): each kind's turn settings, the call of TRL's batch code that builds the second kind's rows, and the loss
+forward of a micro-batch that mixes the kinds, one forward per kind (the kinds pad differently)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from accelerate.utils import is_peft_model
 
-from ..core.batch import scatter_rows, trim_padding
-from ..models.logprob_tiles import FusedHeadTemperatures
+from ...core.batch import scatter_rows, trim_padding
+from ...models.logprob_tiles import FusedHeadTemperatures
+from .scoping import TurnGeneration, scoped_call, turn_generations, use_turn_generation
 
 
 @dataclass(frozen=True)
-class KindRows:
-    """What the loss forward is told about its micro-batch: each row's kind (`None`: all of the first of
-    `ROW_KINDS`) and which rows carry loss (`None`: all)."""
+class ForwardRows:
+    """What a forward pass is told about the rows it scores, scoped by the trainer around the passes it shapes.
 
-    kinds: torch.Tensor | None
+    `kinds`: each row's kind, set for the loss forward, which scores each kind on its own (`None`: TRL's forward).
+    `scored`: which rows carry loss (`None`: all); the others get log-probs 0 without a forward.
+    `families`: each row's family, whose rows are then packed around their shared prefix (RLCR)."""
+
+    kinds: torch.Tensor | None = None
     scored: torch.Tensor | None = None
+    families: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class KindCall:
+    """What differs when `GRPOTrainer._generate_and_score_completions` builds the second row kind's rows (RLCR's
+    confidences, Absolute Zero's proposals) rather than the main kind's: set once at init, passed to
+    `RowKindForwards._kind_call`."""
+
+    prefix: str
+    """The metrics TRL logs in the call move under `<prefix>/`, so its own names keep describing the main kind."""
+    group_size: int
+    reward_func_names: list[str]
+    temperature: float
+    """The kind's sampling temperature, at which its old and reference log-probs are computed too."""
+    reward_funcs: list | None = None
+    """`None`: TRL's rewards are not computed but replayed by the caller (under the names above)."""
+    scale_rewards: str | None = None
+    """`None`: the trainer's."""
+    generation: TurnGeneration | None = None
+    """`None`: nothing is generated in the call (the caller replays recorded rows)."""
+    max_new_tokens: int | None = None
 
 
 class RowKindForwards:
@@ -39,7 +67,7 @@ class RowKindForwards:
     """
 
     ROW_KINDS: tuple[int, ...] = ()
-    _kind_rows: KindRows | None = None  # scoped by the trainer's `_compute_loss` for the loss forward only
+    _forward_rows = ForwardRows()  # scoped by the trainer around the passes it shapes (the loss forward by kind)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -50,16 +78,65 @@ class RowKindForwards:
             heads.append((self.accelerator.unwrap_model(self.ref_model), ("log_probs",)))
         self._fused_heads = FusedHeadTemperatures(heads, self.temperature, self.args.cast_lm_head_to_fp32)
 
-    def _set_kind_temperatures(self, temperatures: dict[int, float]) -> None:
-        """Score each kind's rows at its sampling temperature. TRL's auxiliary-loss forward (MoE router loss) scores a
-        micro-batch in one pass, so kinds at different temperatures are refused there."""
-        self._kind_temperatures = {kind: float(t) for kind, t in temperatures.items()}
+    def _set_turns(self, main: str, second: str, second_kind: int, second_kwargs: dict | None, temperature: float):
+        """Each turn's generation settings in `_generation` (the main turn's from `generation_kwargs` and the
+        structured-outputs regex, the second's from `second_kwargs` at `temperature`), the main turn's made standing
+        (TRL's own calls generate with them), and the second kind's rows scored at `temperature`.
+
+        TRL's auxiliary-loss forward (MoE router loss) scores a micro-batch in one pass, so kinds at different
+        temperatures are refused there."""
+        args = self.args
+        self._generation = turn_generations(
+            self,
+            {main: (args.generation_kwargs, args.vllm_structured_outputs_regex), second: (second_kwargs, None)},
+            {second: temperature},
+        )
+        use_turn_generation(self, self._generation[main])
+        self._kind_temperatures = {second_kind: float(temperature)}
         if self._temperatures_differ() and self.aux_loss_enabled:
             raise ValueError(
                 "Row kinds sampled at different temperatures need a forward per kind, but this model's router "
                 "auxiliary loss is computed over the whole micro-batch in TRL's forward; set router_aux_loss_coef=0 "
                 "or give every turn the same temperature."
             )
+
+    @contextmanager
+    def _kind_call(self, call: KindCall, mode: str, **attributes):
+        """Scope `call` (and the trainer's own `attributes`) around one call of TRL's
+        `_generate_and_score_completions` that builds the second kind's rows; old and reference log-probs at the
+        kind's temperature.
+
+        TRL reads these settings from the trainer's attributes and takes no parameter for them: the scoped swap
+        (`scoped_call`, which restores exactly what it shadowed) is the only seam, and this is the one place that
+        makes it."""
+        num_rewards = len(call.reward_func_names)
+        trl = dict(
+            num_generations=call.group_size,
+            num_generations_eval=call.group_size,
+            reward_func_names=list(call.reward_func_names),
+            reward_weights=torch.ones(num_rewards),
+            # "sum_then_normalize" is the path that honours `scale_rewards` (the other always divides by std)
+            multi_objective_aggregation="sum_then_normalize",
+            # TRL's completions table stays about the main kind (its columns must have equal lengths)
+            _logs=self._empty_logs(),
+        )
+        if call.reward_funcs is not None:
+            trl.update(reward_funcs=list(call.reward_funcs), reward_processing_classes=[None] * num_rewards)
+        if call.scale_rewards is not None:
+            trl["scale_rewards"] = call.scale_rewards
+        with (
+            scoped_call(
+                self,
+                mode=mode,
+                prefix=call.prefix,
+                max_new_tokens=call.max_new_tokens,
+                generation=call.generation,
+                **trl,
+                **attributes,
+            ),
+            self._fused_heads.at(call.temperature),
+        ):
+            yield
 
     def _kind_temperature(self, kind: int) -> float:
         return self._kind_temperatures.get(kind, self.temperature)
@@ -100,13 +177,12 @@ class RowKindForwards:
 
     def _own_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
         """`(log-probs, entropies or None)` of a text-only pass, or `None` to leave it to TRL: the loss forward by kind
-        (`_kind_rows` set); old and reference log-probs and the evaluation are TRL's. Trainers extend it."""
-        rows = self._kind_rows
-        if rows is None:
+        (`_forward_rows.kinds` set); old and reference log-probs and the evaluation are TRL's. Trainers extend it."""
+        rows = self._forward_rows
+        if rows.kinds is None:
             return None
-        kinds = rows.kinds if rows.kinds is not None else torch.full((input_ids.size(0),), self.ROW_KINDS[0])
         return self._forward_by_kind(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, kinds, rows.scored
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, rows.kinds, rows.scored
         )
 
     def _forward_by_kind(
