@@ -10,6 +10,7 @@ from trl_ext.core.tail_spans import tail_token_mask
 from trl_ext.evaluation.calibration import brier_score, expected_calibration_error
 from trl_ext.rewards import extract_confidence, make_accuracy_reward
 from trl_ext.rewards.parsing import completion_text
+from trl_ext.trainers.seams.policy_reference import PolicyReference
 
 
 TAIL_KEY = "kl_free_mask"  # the batch's per-token mask of the tokens after the answer
@@ -47,8 +48,7 @@ class AnswerKLGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, answer_end: str = "</answer>", **kwargs):
         super().__init__(*args, **kwargs)
         self.answer_end = answer_end
-        # scoped by the loss: (the micro-batch's reference log-probs, the tokens that take the policy's)
-        self._reference_fill: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._policy_reference = PolicyReference()
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -61,20 +61,11 @@ class AnswerKLGRPOTrainer(GRPOTrainer):
         return output
 
     def _compute_loss(self, model, inputs):
-        if TAIL_KEY not in inputs:
+        tail = inputs[TAIL_KEY].bool() if TAIL_KEY in inputs else None
+        with self._policy_reference.in_loss(inputs, tail) as inputs:
             return super()._compute_loss(model, inputs)
-        # a copy: the micro-batch is reused by later iterations (num_iterations > 1), each filling its own
-        reference = inputs["ref_per_token_logps"].clone()
-        self._reference_fill = (reference, inputs[TAIL_KEY].bool())
-        try:
-            return super()._compute_loss(model, {**inputs, "ref_per_token_logps": reference})
-        finally:
-            self._reference_fill = None
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if self._reference_fill is not None:  # the loss's policy forward
-            reference, tail = self._reference_fill
-            tail = tail.to(reference.device)
-            reference[tail] = logps.detach()[tail].to(reference.dtype)
+        self._policy_reference.fill(logps)  # the loss's policy forward (a no-op outside the loss)
         return logps, entropies, aux_loss

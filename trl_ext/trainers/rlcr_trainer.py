@@ -51,6 +51,7 @@ from .seams.init_checks import (
     user_message_prompts,
 )
 from .seams.model_card import arxiv_paper
+from .seams.policy_reference import PolicyReference
 from .seams.row_batches import KIND_KEY, RowBeta, concat_row_kinds, local_rows, restrict_loss
 from .seams.row_kind_forwards import ForwardRows, KindCall, RowKindForwards
 from .seams.scoping import scoped_call
@@ -71,7 +72,7 @@ PAPER = arxiv_paper(  # the paper the model card cites
 )
 
 
-class ConfidenceReferenceSkip:
+class ConfidenceReferenceSkip(PolicyReference):
     """`confidence_beta=0` (with `beta` non-zero): the confidence rows have no KL term, so their turn skips TRL's
     reference pass (a no-grad forward of every confidence row, about 15% of a CPU step at G_c 4); the loss then gives
     those rows the policy's own log-probs as reference, a KL of exactly 0 with a zero gradient.
@@ -81,8 +82,8 @@ class ConfidenceReferenceSkip:
     and `fill` (the loss forward puts its log-probs there)."""
 
     def __init__(self, active: bool):
+        super().__init__()
         self.active = active
-        self._fill: tuple[torch.Tensor, torch.Tensor] | None = None  # (reference (B, T), rows (B,)) in the loss
 
     def turn_attributes(self) -> dict:
         return {"beta": 0.0} if self.active else {}
@@ -93,27 +94,9 @@ class ConfidenceReferenceSkip:
                 confidences["completion_mask"], math.nan, dtype=answers["ref_per_token_logps"].dtype
             )
 
-    @contextmanager
     def in_loss(self, inputs: dict, rows: torch.Tensor | None):
-        """For the block, `inputs` with a copy of the reference log-probs that `fill` completes at `rows` (`None`: no
-        KL per row kind, nothing to fill). A copy: the micro-batch is reused by later iterations (`num_iterations >
-        1`), each filling its own."""
-        if not self.active or rows is None:
-            yield inputs
-            return
-        reference = inputs["ref_per_token_logps"].clone()
-        self._fill = (reference, rows)
-        try:
-            yield {**inputs, "ref_per_token_logps": reference}
-        finally:
-            self._fill = None
-
-    def fill(self, scored: tuple[torch.Tensor, torch.Tensor | None] | None) -> None:
-        """Inside `in_loss`: put the loss forward's log-probs `(B, T)` (detached) at the rows it named."""
-        if self._fill is not None:
-            reference, rows = self._fill
-            rows = rows.to(reference.device)
-            reference[rows] = scored[0].detach()[rows].to(reference.dtype)
+        """`PolicyReference.in_loss` at the confidence rows `(B,)` when the skip is on (`None`: no KL per row kind)."""
+        return super().in_loss(inputs, rows if self.active else None)
 
 
 class RLCRMultiTurnTrainer(
@@ -316,7 +299,8 @@ class RLCRMultiTurnTrainer(
             scored = super()._own_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
             )
-        self._reference_skip.fill(scored)
+        if scored is not None:  # None: the pass is left to TRL (no row kinds named), nothing to fill
+            self._reference_skip.fill(scored[0])
         return scored
 
     def _packed_by_kind(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, families):

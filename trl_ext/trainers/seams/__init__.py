@@ -7,4 +7,5 @@ trainers call around TRL's batch code.
 - `generation_backends`, `context_limit`, `tool_rounds`: generation through every backend, in step across processes.
 - `heldout`, `model_card`, `trainer_state`: held-out evaluation, model cards, checkpointed state.
 - `init_checks`: the arguments and datasets checked at init.
+- `policy_reference`: the policy as its own reference on chosen rows or tokens (a KL of exactly 0 there).
 """
