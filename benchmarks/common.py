@@ -55,7 +55,10 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "t
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with `-dirty` when tracked files differ from it; None outside a git checkout."""
+    """The checkout's commit, with `-dirty` when tracked files differ from it. Outside a git checkout (a copy of the
+    tree on a GPU machine, without `.git`): `$TRL_EXT_COMMIT`, the commit the copy was made from, if set; else None."""
+    if not (ROOT / ".git").exists():
+        return os.environ.get("TRL_EXT_COMMIT") or None
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
