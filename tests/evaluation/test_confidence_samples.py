@@ -163,6 +163,14 @@ def test_recipe_evaluation_reports_the_mean_of_k_beside_the_greedy_confidence(tm
     assert [r["confidence"] for r in records] == [0.5, 0.5, 0.5]
     assert "stated confidence, mean of 3 samples at temperature 1" in metrics_line(result)
 
+    # the final --eval_steps evaluation reused (`trainer.evaluate()`, TRL's evaluation loop included): its prompts
+    sampled_calls.clear()
+    with ScriptedGeneration(trainer, script):
+        trainer.evaluate(evaluation)
+        heldout_evaluation(trainer, evaluation, "reused", reuse_last=True, confidence_samples=3)
+    assert [p for prompts, _, _ in sampled_calls for p in prompts] == greedy_confidence_prompts
+    assert json.loads((tmp_path / "eval_reused.json").read_text())["stated_confidence_mean_of_k"] == mean
+
     monkeypatch.setattr(trainer.args, "eval_temperature", 1.0)  # sampled answers: no greedy answer to sample on
     with pytest.raises(ValueError, match="--confidence_samples needs a greedy evaluation"):
         add_confidence_samples(trainer, result.rows, 3)
