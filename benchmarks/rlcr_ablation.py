@@ -5,13 +5,15 @@ held-out greedy evaluation before and after RL.
     python benchmarks/rlcr_ablation.py --parallel 16 --tag h200 -- --use_cpu false   # all at once on one GPU
     python benchmarks/rlcr_ablation.py --only base,gc4 -- --max_steps 48 --num_eval_samples 100
     python benchmarks/rlcr_ablation.py --only base,kl_answers0.5 --seeds 42,1   # each variant once per seed
+    python benchmarks/rlcr_ablation.py --only base -- --confidence_samples 8   # + the mean of 8 sampled confidences
 
 Arguments after `--` go to every run (they override the recipe's YAML). Every run evaluates on the built-in data's
 tune split (`--eval_split tune`, unless given after `--`): settings are chosen there, never on the report split.
 Results: benchmarks/results/rlcr_ablation_<tag>.json (per variant: its flags, before/after accuracy, ECE, Brier,
 AUROC, Brier skill, AUROC within levels, skill against the levels' accuracies, their bootstrap 95% intervals, mean
-confidence, confidence-bin counts, and the training log; the provenance: commit, packages, device, command line,
-seeds), .jsonl beside it (every evaluated answer of every run: run, before/after, question, level, answer, correct,
+confidence, confidence-bin counts, with `--confidence_samples k` the same for the stated confidence's mean of k
+samples (`stated_confidence_mean_of_k`), and the training log; the provenance: commit, packages, device, command
+line, seeds), .jsonl beside it (every evaluated answer of every run: run, before/after, question, level, answer, correct,
 stated confidence) and .png (AUROC after against the accuracy change; shaded: AUROC >= 0.65).
 """
 
@@ -44,6 +46,24 @@ METRICS = (
     "mean_confidence",
     "confidence_parse_fail_rate",
     "accuracy_all_interval",
+    "intervals",
+)
+# The stated confidence's mean of k samples (`--confidence_samples k` after `--`), a second column beside the greedy one
+MEAN_OF_K = "stated_confidence_mean_of_k"
+MEAN_OF_K_METRICS = (
+    "n",
+    "accuracy",
+    "ece",
+    "brier",
+    "auroc",
+    "brier_skill",
+    "auroc_within_groups",
+    "brier_skill_groups",
+    "mean_confidence",
+    "confidence_parse_fail_rate",
+    "sample_parse_fail_rate",
+    "samples_per_question",
+    "generated_tokens",
     "intervals",
 )
 LOGGED = ("step", "kl", "answer/", "calibration/", "confidence/")  # the training-log columns kept per step
@@ -180,6 +200,8 @@ def read_run(name: str, flags: list[str], returncode: int, workdir: Path) -> dic
     for key in ("before", "after"):
         entry[key] = {k: report[key].get(k) for k in METRICS}
         entry[key]["bin_counts"] = [b["count"] for b in report[key]["bins"]]
+        if MEAN_OF_K in report[key]:
+            entry[key][MEAN_OF_K] = {k: report[key][MEAN_OF_K].get(k) for k in MEAN_OF_K_METRICS}
     entry["records"] = [
         {"run": name, "evaluation": key, **record}
         for key in ("before", "after")
@@ -201,12 +223,16 @@ def summary_line(entry: dict) -> str:
     if "after" not in entry:
         return f"failed (exit {entry['returncode']})"
     b, a = entry["before"], entry["after"]
-    return (
+    line = (
         f"accuracy {_fmt(b['accuracy'])} -> {_fmt(a['accuracy'])}, ECE {_fmt(b['ece'])} -> {_fmt(a['ece'])}, "
         f"AUROC {_fmt(b['auroc'])} -> {_fmt(a['auroc'])}, within levels {_fmt(b['auroc_within_groups'])} -> "
         f"{_fmt(a['auroc_within_groups'])}, Brier skill {_fmt(b['brier_skill'])} -> {_fmt(a['brier_skill'])}, "
         f"confidence bins {a['bin_counts']}"
     )
+    if MEAN_OF_K in a:
+        within = [_fmt(e.get(MEAN_OF_K, {}).get("auroc_within_groups")) for e in (b, a)]
+        line += f", mean of {a[MEAN_OF_K]['samples_per_question']} confidences within levels {' -> '.join(within)}"
+    return line
 
 
 def plot(result: dict, path: Path) -> None:

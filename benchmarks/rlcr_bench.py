@@ -12,7 +12,8 @@
 
 Results: benchmarks/results/rlcr_<part>.json and .png (calibration on the tune split: rlcr_calibration_tune.*), each
 JSON with its provenance (commit, packages, device, command line, seeds); calibration's final evaluations' per-sample
-records (method, seed, question, level, answer, correct, stated confidence, sampling agreement) in the .jsonl beside.
+records (method, seed, question, level, answer, correct, stated confidence, sampling agreement, sampled
+confidences and their mean) in the .jsonl beside.
 
 overhead: both trainers get scripted completions of fixed lengths (generation cost is identical by construction and
 excluded), so the ratio measures what RLCR adds per step: the second scoring pass, turn-2 prompts (longer: they
@@ -43,7 +44,10 @@ multi-turn's AUROC within levels is at least single-turn's. The held-out questio
 Brier and AUROC: the Brier skill against the best constant and, within difficulty levels, the AUROC and the skill
 against each level's accuracy (a confidence that only reads the level scores 0.5 and 0), with bootstrap 95%
 intervals at the final evaluation, and the untrained reference: the sampling agreement of `--agreement-samples`
-answers at temperature 1 with the greedy answer, and its cost in generated tokens.
+answers at temperature 1 with the greedy answer, and its cost in generated tokens. Multi-turn's final evaluation also
+scores a second confidence column, the mean of `--confidence-samples` stated confidences sampled at temperature 1 on
+each greedy answer's confidence turn (`stated_confidence_mean_of_k`, with its cost); single-turn states its
+confidence inside the answer's completion, so it has no such column.
 """
 
 from __future__ import annotations
@@ -357,6 +361,7 @@ def calibration(
     methods: tuple[str, ...] = ("multi_turn", "single_turn"),
     single_rows: int | None = None,
     match_tokens: dict | None = None,
+    confidence_samples: int = 0,
 ) -> tuple[dict, list[dict]]:
     """Multi-turn RLCR (the recipe's embedded-default run) against single-turn RLCR on GRPOTrainer with its KL on the
     answer tokens only (`AnswerKLGRPOTrainer`), both from one format warm-up (per seed) that teaches both formats, one
@@ -366,7 +371,8 @@ def calibration(
     generated tokens per step (its own run's, or `match_tokens[seed]` from an earlier result when only single-turn
     runs) at the mean length of replies the warm-up model samples for training questions; both runs' generated
     tokens (TRL's logged lengths x rows) are reported per seed. `overrides`: the single-turn run's GRPOConfig
-    settings (its tuning); `single_rows` fixes its replies per step instead of matching."""
+    settings (its tuning); `single_rows` fixes its replies per step instead of matching. `confidence_samples`:
+    multi-turn's final evaluation also scores the mean of that many sampled stated confidences per answer."""
     from copy import deepcopy
 
     overrides = overrides or {}
@@ -424,6 +430,7 @@ def calibration(
                     batch_size=t.args.per_device_eval_batch_size,
                     progress=False,
                     agreement_samples=agreement_samples if final else 0,
+                    confidence_samples=confidence_samples if final else 0,
                 ),
                 every,
                 multi_counts,
@@ -492,6 +499,7 @@ def calibration(
         "evaluation": f"{len(evaluation)} held-out questions of the {split} split, greedy",
         "split": split,
         "agreement_samples": agreement_samples,
+        "confidence_samples": confidence_samples,
         "single_turn": {
             "trainer": "AnswerKLGRPOTrainer (GRPOTrainer, KL on the tokens through </answer> only)",
             "settings": settings,
@@ -505,6 +513,7 @@ def calibration(
 
 
 POINT_METRICS = ("ece", "brier", "auroc", "brier_skill", "auroc_within_groups", "brier_skill_groups")
+MEAN_OF_K = "stated_confidence_mean_of_k"  # the stated confidence's mean of k samples (final evaluation)
 
 
 def _evaluation_point(result, final: bool) -> dict:
@@ -519,6 +528,9 @@ def _evaluation_point(result, final: bool) -> dict:
         if result.agreement_report is not None:
             point["sampling_agreement"] = {**result.agreement_report.to_dict(), **result.agreement_cost}
             point["sampling_agreement"].pop("bins")
+        if result.mean_report is not None:
+            point[MEAN_OF_K] = result.to_dict()[MEAN_OF_K]
+            point[MEAN_OF_K].pop("bins")
     return point
 
 
@@ -546,6 +558,14 @@ def calibration_summary(runs: dict, tokens: dict) -> dict:
                 {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
             )
         summary[name]["generated_tokens"] = {str(run["seed"]): run["points"][-1]["generated_tokens"] for run in seeded}
+        means = [run["points"][-1][MEAN_OF_K] for run in seeded if MEAN_OF_K in run["points"][-1]]
+        if means:
+            summary[name][MEAN_OF_K] = {}
+            for key in ("auroc", "auroc_within_groups", "brier_skill"):
+                values = [m[key] for m in means if m[key] is not None and m[key] == m[key]]
+                summary[name][MEAN_OF_K][key] = (
+                    {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
+                )
     if set(runs) != {"multi_turn", "single_turn"}:
         return summary
     pairs = list(zip(runs["multi_turn"], runs["single_turn"]))
@@ -573,9 +593,9 @@ def merge_calibration(parts: list[dict]) -> dict:
     seeds, warm-ups, generated tokens and runs joined, the summary recomputed."""
     first = parts[0]
     for part in parts[1:]:
-        for key in ("steps", "split", "evaluate_every", "agreement_samples", "single_turn"):
-            if part[key] != first[key]:
-                raise ValueError(f"results to merge differ in {key!r}: {first[key]!r} vs {part[key]!r}")
+        for key in ("steps", "split", "evaluate_every", "agreement_samples", "confidence_samples", "single_turn"):
+            if part.get(key) != first.get(key):  # results written before confidence_samples existed lack it
+                raise ValueError(f"results to merge differ in {key!r}: {first.get(key)!r} vs {part.get(key)!r}")
     merged = {key: value for key, value in first.items() if key not in ("provenance", "records_file")}
     merged["seeds"] = [seed for part in parts for seed in part["seeds"]]
     for key in ("warmup_models", "generated_tokens"):
@@ -656,6 +676,7 @@ def calibration_parallel(args, extra: list[str]) -> tuple[dict, list[dict]]:
     tmp = Path(tempfile.mkdtemp(prefix="rlcr_calibration_"))
     flags = ["--split", args.split, "--evaluate-every", str(args.evaluate_every)]
     flags += ["--agreement-samples", str(args.agreement_samples), "--methods", *args.methods]
+    flags += ["--confidence-samples", str(args.confidence_samples)]
     for flag, value in (
         ("--steps", args.steps),
         ("--single-turn-rows", args.single_turn_rows),
@@ -705,6 +726,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="calibration: answers sampled per question at temperature 1 for the sampling-agreement reference "
         "(final evaluation; 0: off)",
+    )
+    parser.add_argument(
+        "--confidence-samples",
+        type=int,
+        default=8,
+        help="calibration: stated confidences sampled per multi-turn answer at temperature 1 on its confidence turn, "
+        "scored by their mean beside the greedy one (final evaluation; 0: off)",
     )
     parser.add_argument(
         "--methods",
@@ -790,6 +818,7 @@ def main(argv=None):
                 tuple(args.methods),
                 args.single_turn_rows,
                 match_tokens,
+                args.confidence_samples,
             )
     if args.part == "calibration":
         name = result_name(args)

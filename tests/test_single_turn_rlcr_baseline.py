@@ -15,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.core.tail_spans import tail_token_mask
 from trl_ext.evaluation.records import read_jsonl
+from trl_ext.evaluation.rlcr import calibration_evaluation
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tiny_checkpoint
 
 
@@ -199,6 +200,25 @@ def test_summary_says_per_seed_whether_multi_turn_within_level_auroc_is_at_least
     assert set(alone) == {"single_turn"}
 
 
+def test_summary_gives_multi_turns_mean_of_k_column_where_the_final_evaluation_has_it():
+    rows = [  # greedy: one constant; the mean of 2 sampled confidences separates the level-1 pair
+        {"correct": 1, "confidence": 0.5, "group": 1, "sampled_confidences": [0.9, None], "confidence_mean": 0.9},
+        {"correct": 0, "confidence": 0.5, "group": 1, "sampled_confidences": [0.1, 0.3], "confidence_mean": 0.2},
+    ]
+    evaluation = calibration_evaluation(
+        rows, confidence_samples_cost={"samples_per_question": 2, "generated_tokens": 9}
+    )
+    point = bench._evaluation_point(evaluation, final=True)
+    mean = point[bench.MEAN_OF_K]
+    assert mean["auroc_within_groups"] == 1.0 and mean["generated_tokens"] == 9 and "bins" not in mean
+    assert bench.MEAN_OF_K not in bench._evaluation_point(evaluation, final=False)
+    runs = _result(42, 0.5, 0.5, 1.0)["runs"]
+    runs["multi_turn"][0]["points"][-1][bench.MEAN_OF_K] = mean
+    summary = bench.calibration_summary(runs, {})
+    assert summary["multi_turn"][bench.MEAN_OF_K]["auroc_within_groups"] == {"mean": 1.0, "min": 1.0, "max": 1.0}
+    assert bench.MEAN_OF_K not in summary["single_turn"]  # its confidence is in the answer's completion
+
+
 @pytest.mark.slow  # about a minute on 2 busy cores: two short runs and five evaluations on a tiny model
 def test_calibration_runs_both_methods_on_a_tiny_model_and_reports_their_tokens(tmp_path, monkeypatch):
     """The benchmark's whole path (warm-up, multi-turn, token matching, single-turn, evaluations, summary) with the
@@ -217,7 +237,9 @@ def test_calibration_runs_both_methods_on_a_tiny_model_and_reports_their_tokens(
 
     monkeypatch.setattr(bench, "rlcr_cpu_run", tiny_run)
     monkeypatch.setattr(bench, "default_model_path", lambda: checkpoint)
-    result, records = bench.calibration(None, [7], 1, "tune", 2, overrides={"learning_rate": 1e-4})
+    result, records = bench.calibration(
+        None, [7], 1, "tune", 2, overrides={"learning_rate": 1e-4}, confidence_samples=2
+    )
 
     tokens = result["generated_tokens"]["7"]
     assert tokens["multi_turn_rows_per_step"] == 2 * (1 + 2)
@@ -236,6 +258,11 @@ def test_calibration_runs_both_methods_on_a_tiny_model_and_reports_their_tokens(
         assert run["points"][-1]["generated_tokens"] == pytest.approx(tokens[f"{method}_total"])
         assert {r["method"] for r in records} == {"multi_turn", "single_turn"}
     assert len(result["summary"]["multi_within_level_auroc_at_least_single"]) == 1
+    # multi-turn's final evaluation: the mean of 2 sampled stated confidences per answer, beside the greedy one
+    mean = result["runs"]["multi_turn"][0]["points"][-1][bench.MEAN_OF_K]
+    assert mean["samples_per_question"] == 2 and 0 < mean["generated_tokens"] <= 6 * 2 * 6
+    assert all(len(r["sampled_confidences"]) == 2 for r in records if r["method"] == "multi_turn")
+    assert result["confidence_samples"] == 2
     assert result["summary"]["verdict"].startswith("multi-turn's within-level AUROC >= single-turn's in ")
 
 

@@ -185,6 +185,8 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
         "--rlcr_paper_metrics",
         "--agreement_samples",
         "2",
+        "--confidence_samples",
+        "3",
         *common,
     ]
     proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=600)
@@ -201,6 +203,10 @@ def test_rlcr_recipe_end_to_end_on_local_files(tmp_path):
     agreement = metrics["sampling_agreement"]  # the untrained reference: 2 sampled answers per question
     assert agreement["samples_per_question"] == 2 and 0 < agreement["generated_tokens"] <= 4 * 2 * 8
     assert all(r["agreement"] in (0.0, 0.5, 1.0) for r in rows) and "sampling agreement of 2 answers" in proc.stdout
+    mean = metrics["stated_confidence_mean_of_k"]  # beside the greedy confidence: 3 sampled per answer
+    assert mean["samples_per_question"] == 3 and 0 < mean["generated_tokens"] and mean["n"] <= 4
+    assert all(len(r["sampled_confidences"]) == 3 and "confidence_mean" in r for r in rows)
+    assert "stated confidence, mean of 3 samples at temperature 1" in proc.stdout
 
 
 @pytest.mark.slow

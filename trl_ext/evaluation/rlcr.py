@@ -20,6 +20,7 @@ from ..rewards.functions import is_missing
 from ..rewards.verify import verify_answer
 from .agreement import sampling_agreement
 from .calibration import CalibrationReport, bootstrap_mean_interval, calibration_report
+from .confidence_samples import mean_confidence, sampled_confidences
 from .greedy import greedy_completions
 from .records import DEFAULT_GROUP_COLUMN, prompt_text
 
@@ -45,6 +46,15 @@ class CalibrationEvaluation:
     (the share of answers sampled at temperature 1 that agree with the greedy one), when it was computed."""
     agreement_cost: dict | None = None
     """What the agreement cost: `samples_per_question` and `generated_tokens` (all samples)."""
+    mean_report: CalibrationReport | None = None
+    """A second confidence column, never the greedy one: the same rows scored with the mean of k stated confidences
+    sampled at temperature 1 for the greedy answer (`confidence_mean`), when they were sampled. Rows where none of
+    the k parsed are left out, as unparsable greedy confidences are, and counted in `mean_parse_fail_rate`."""
+    mean_parse_fail_rate: float | None = None
+    """The share of rows whose k sampled confidences all failed to parse."""
+    mean_cost: dict | None = None
+    """What the sampled confidences cost: `samples_per_question`, `generated_tokens` (all samples), and
+    `sample_parse_fail_rate` (the share of single samples that did not parse)."""
 
     def to_dict(self) -> dict:
         return {
@@ -58,6 +68,17 @@ class CalibrationEvaluation:
             **(
                 {"sampling_agreement": {**self.agreement_report.to_dict(), **(self.agreement_cost or {})}}
                 if self.agreement_report is not None
+                else {}
+            ),
+            **(
+                {
+                    "stated_confidence_mean_of_k": {
+                        **self.mean_report.to_dict(),
+                        "confidence_parse_fail_rate": self.mean_parse_fail_rate,
+                        **(self.mean_cost or {}),
+                    }
+                }
+                if self.mean_report is not None
                 else {}
             ),
         }
@@ -74,6 +95,7 @@ def evaluate_calibration(
     rlcr_paper_convention: bool = False,
     group_column: str | None = DEFAULT_GROUP_COLUMN,
     agreement_samples: int = 0,
+    confidence_samples: int = 0,
 ) -> CalibrationEvaluation:
     """Answer each prompt greedily, ask for a confidence in a second turn, and score calibration.
 
@@ -88,6 +110,9 @@ def evaluate_calibration(
         group_column: The dataset column whose value is each row's `group` (metrics within groups), if it has one.
         agreement_samples: With k > 0, also sample k answers per prompt at temperature 1 and score the share that
             agree with the greedy answer as a confidence (`agreement_report`, its cost in `agreement_cost`).
+        confidence_samples: With k > 0, also sample k confidence-turn replies per greedy answer at temperature 1 (on
+            the greedy confidence turn's prompt) and score the mean of their parsed confidences (`mean_report`, its
+            cost in `mean_cost`; per row `sampled_confidences` and `confidence_mean`).
 
     Rows without a gold answer are not evaluated (they would count as wrong); `num_missing_gold` counts them.
     """
@@ -100,7 +125,7 @@ def evaluate_calibration(
     turn = follow_up_turn(
         tokenizer, args.confidence_prompt, [tokenizer.eos_token_id], **(args.chat_template_kwargs or {})
     )
-    rows, sampled_tokens = [], 0
+    rows, sampled_tokens, confidence_tokens = [], 0, 0
     for start in tqdm(range(0, len(dataset), batch_size), desc="calibration eval", disable=not progress):
         batch = dataset[start : start + batch_size]
         prompts = [
@@ -136,9 +161,23 @@ def evaluate_calibration(
                 seed=args.seed + start,
             )
             sampled_tokens += tokens
+        samples = [None] * len(prompts)
+        if confidence_samples:
+            samples, tokens = sampled_confidences(
+                model,
+                tokenizer,
+                turn2,
+                confidence_samples,
+                args.max_confidence_length,
+                args.confidence_tag,
+                args.lenient_parsing,
+                batch_size=len(turn2),
+                seed=args.seed + start,
+            )
+            confidence_tokens += tokens
         groups = batch[group_column] if group_column in batch else [None] * len(prompts)
-        for prompt, group, gold, answer_ids, confidence_ids, agreement in zip(
-            batch["prompt"], groups, batch[args.solution_column], answers, confidences, agreements
+        for prompt, group, gold, answer_ids, confidence_ids, agreement, sampled in zip(
+            batch["prompt"], groups, batch[args.solution_column], answers, confidences, agreements, samples
         ):
             answer_text = tokenizer.decode(answer_ids, skip_special_tokens=True)
             confidence_text = tokenizer.decode(confidence_ids, skip_special_tokens=True)
@@ -154,11 +193,22 @@ def evaluate_calibration(
                     "confidence": extract_confidence(confidence_text, args.confidence_tag, args.lenient_parsing),
                     "correct": int(correct),
                     **({"agreement": agreement} if agreement_samples else {}),
+                    **(
+                        {"sampled_confidences": sampled, "confidence_mean": mean_confidence(sampled)}
+                        if confidence_samples
+                        else {}
+                    ),
                 }
             )
     model.train(was_training)
     cost = {"samples_per_question": agreement_samples, "generated_tokens": sampled_tokens}
-    result = calibration_evaluation(rows, rlcr_paper_convention, agreement_cost=cost if agreement_samples else None)
+    confidence_cost = {"samples_per_question": confidence_samples, "generated_tokens": confidence_tokens}
+    result = calibration_evaluation(
+        rows,
+        rlcr_paper_convention,
+        agreement_cost=cost if agreement_samples else None,
+        confidence_samples_cost=confidence_cost if confidence_samples else None,
+    )
     result.num_missing_gold += num_missing_gold
     return result
 
@@ -169,13 +219,17 @@ def calibration_evaluation(
     intervals: bool = True,
     seed: int = 0,
     agreement_cost: dict | None = None,
+    confidence_samples_cost: dict | None = None,
 ) -> CalibrationEvaluation:
     """Score per-sample `rows`, each with `correct` (1 or 0; `None`: no gold answer, so left out and counted in
     `num_missing_gold`) and the stated `confidence` (`None`: unparsable), optionally its `group` (e.g. the level:
     the metrics within groups), plus whatever the caller keeps with them (texts). The trainers' held-out evaluation
     (`trainer.evaluate()`) gives such rows (`heldout_records`). With `intervals`, the report carries bootstrap 95%
     intervals (seeded by `seed`). Rows with an `agreement` (the sampling agreement, `sampling_agreement`) are also
-    scored with it as the confidence (`agreement_report`; `agreement_cost`: what it cost)."""
+    scored with it as the confidence (`agreement_report`; `agreement_cost`: what it cost). Rows with a
+    `confidence_mean` (the mean of their `sampled_confidences`, `None`: none parsed; see
+    [`~trl_ext.evaluation.confidence_samples`]) are also scored with it (`mean_report`; `confidence_samples_cost`:
+    what the samples cost)."""
     judged = [r for r in rows if r["correct"] is not None]
     parsed = [r for r in judged if r["confidence"] is not None]
     grouped = any(r.get("group") is not None for r in parsed)
@@ -187,16 +241,19 @@ def calibration_evaluation(
         seed=seed,
     )
     n = max(len(judged), 1)
-    agreement_report = None
     agreed = [r for r in judged if r.get("agreement") is not None]
-    if agreed:
-        agreement_report = calibration_report(
-            [r["agreement"] for r in agreed],
-            [int(r["correct"]) for r in agreed],
-            groups=[r.get("group") for r in agreed] if any(r.get("group") is not None for r in agreed) else None,
-            intervals=intervals,
-            seed=seed,
-        )
+    agreement_report = _column_report(agreed, "agreement", intervals, seed) if agreed else None
+    mean_report = mean_parse_fail_rate = mean_cost = None
+    sampled = [r for r in judged if "confidence_mean" in r]
+    if sampled:
+        scored = [r for r in sampled if r["confidence_mean"] is not None]
+        mean_report = _column_report(scored, "confidence_mean", intervals, seed)
+        mean_parse_fail_rate = 1 - len(scored) / len(sampled)
+        values = [value for r in sampled for value in r.get("sampled_confidences") or []]
+        mean_cost = {
+            **(confidence_samples_cost or {}),
+            "sample_parse_fail_rate": sum(value is None for value in values) / len(values) if values else None,
+        }
     paper_report = None
     if rlcr_paper_convention:
         confidences, correct = [r["confidence"] for r in judged], [int(r["correct"]) for r in judged]
@@ -211,4 +268,19 @@ def calibration_evaluation(
         accuracy_interval=bootstrap_mean_interval([r["correct"] for r in judged], seed=seed) if intervals else None,
         agreement_report=agreement_report,
         agreement_cost=agreement_cost if agreement_report is not None else None,
+        mean_report=mean_report,
+        mean_parse_fail_rate=mean_parse_fail_rate,
+        mean_cost=mean_cost,
+    )
+
+
+def _column_report(rows: list[dict], key: str, intervals: bool, seed: int) -> CalibrationReport:
+    """The report of `rows` with `row[key]` as the confidence (within groups when any row has one)."""
+    grouped = any(r.get("group") is not None for r in rows)
+    return calibration_report(
+        [r[key] for r in rows],
+        [int(r["correct"]) for r in rows],
+        groups=[r.get("group") for r in rows] if grouped else None,
+        intervals=intervals,
+        seed=seed,
     )

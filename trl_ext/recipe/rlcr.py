@@ -11,6 +11,7 @@ from trl import get_peft_config
 
 from ..evaluation.agreement import sampling_agreement
 from ..evaluation.calibration import plot_reliability_diagrams, reliability_diagram
+from ..evaluation.confidence_samples import mean_confidence, sampled_confidences
 from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.warmup import rlcr_format_examples
@@ -90,6 +91,13 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             scores the share that agree with the greedy answer as a confidence: the untrained reference point beside
             the stated confidence, with its cost in generated tokens (`sampling_agreement` in the report). About k
             times the answers' generation time; greedy evaluations in one process only.
+        confidence_samples (`int`, *optional*, defaults to `0`):
+            With k > 0, every report evaluation also samples k confidence-turn replies per held-out greedy answer at
+            temperature 1 (on the greedy confidence turn's own prompt) and scores the mean of the confidences that
+            parse as a second confidence column beside the greedy one (`stated_confidence_mean_of_k` in the report;
+            per answer `sampled_confidences` and `confidence_mean`, `None` when none of the k parsed): whether the
+            stated-confidence distribution, not only its mode, knows which answers are right. Costs k short replies
+            per question (reported in generated tokens); greedy evaluations in one process only.
         group_column (`str`, *optional*, defaults to `"level"`):
             The held-out rows' column that groups the questions (the built-in data's difficulty level, or a column of
             your file). The report then adds the AUROC within groups (right/wrong pairs of the same group only) and
@@ -122,6 +130,13 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             "temperature 1, the share agreeing with the greedy one) as an untrained reference; 0: off."
         },
     )
+    confidence_samples: int = field(
+        default=0,
+        metadata={
+            "help": "Also score the held-out answers with the mean of k stated confidences sampled at temperature 1 "
+            "on the greedy confidence turn's prompt, beside the greedy confidence; 0: off."
+        },
+    )
     group_column: str | None = field(
         default="level",
         metadata={
@@ -132,8 +147,9 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.agreement_samples < 0:
-            raise ValueError(f"--agreement_samples must be 0 (off) or more (got {self.agreement_samples}).")
+        for name in ("agreement_samples", "confidence_samples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be 0 (off) or more (got {getattr(self, name)}).")
 
 
 # What a reported evaluation depends on beyond the model and the data: written to `evaluation_settings.json` with the
@@ -148,6 +164,7 @@ EVALUATION_SETTINGS = (
     "rlcr_paper_metrics",
     "group_column",
     "agreement_samples",
+    "confidence_samples",
     "eval_split",
     "accuracy_func",
 )
@@ -212,12 +229,14 @@ def heldout_evaluation(
     agreement_samples=0,
     files=None,
     header=None,
+    confidence_samples=0,
 ):
     """The held-out evaluation of the trainer's model (`trainer.heldout_evaluate()`, a collective: every process calls
     it) as a calibration report; the main process writes its files (see `write_evaluation`). `reuse_last`: the model
     was evaluated last at this step (the final `--eval_steps` evaluation), so its records are reported instead of
     generating them again. `agreement_samples`: also the sampling agreement of the greedy answers
-    (`--agreement_samples`). `files`, `header`: see `write_evaluation`."""
+    (`--agreement_samples`); `confidence_samples`: also the mean of that many sampled stated confidences per answer
+    (`--confidence_samples`). `files`, `header`: see `write_evaluation`."""
     if not reuse_last:
         trainer.heldout_evaluate(evaluation)
     k = trainer.args.eval_num_samples
@@ -226,11 +245,17 @@ def heldout_evaluation(
         {**record, "gold": None if is_missing(golds[i // k]) else str(golds[i // k])}
         for i, record in enumerate(trainer.heldout_records)
     ]
-    cost = None
+    cost = confidence_cost = None
     if agreement_samples:
         cost = add_sampling_agreement(trainer, evaluation, rows, agreement_samples)
+    if confidence_samples:
+        confidence_cost = add_confidence_samples(trainer, rows, confidence_samples)
     result = calibration_evaluation(
-        rows, rlcr_paper_convention=rlcr_paper_metrics, seed=trainer.args.seed, agreement_cost=cost
+        rows,
+        rlcr_paper_convention=rlcr_paper_metrics,
+        seed=trainer.args.seed,
+        agreement_cost=cost,
+        confidence_samples_cost=confidence_cost,
     )
     if trainer.accelerator.is_main_process:
         write_evaluation(result, trainer.args.output_dir, name, files, header)
@@ -257,6 +282,7 @@ def evaluate_base(base_path, tokenizer, evaluation, trainer, script_args, model_
         progress=accelerator.is_main_process,
         group_column=script_args.group_column,
         agreement_samples=script_args.agreement_samples,
+        confidence_samples=script_args.confidence_samples,
     )
     del base
     if accelerator.is_main_process:
@@ -269,11 +295,7 @@ def add_sampling_agreement(trainer, evaluation, rows, k) -> dict:
     rendering) that agree with the row's greedy answer; returns the cost (`samples_per_question`,
     `generated_tokens`)."""
     args = trainer.args
-    if trainer.accelerator.num_processes > 1 or args.eval_num_samples != 1 or args.eval_temperature > 0:
-        raise ValueError(
-            "--agreement_samples needs a greedy evaluation (--eval_num_samples 1, --eval_temperature 0) in one "
-            "process; run the evaluation without accelerate's multi-process launch, or set --agreement_samples 0."
-        )
+    check_greedy_one_process(trainer, "agreement_samples")
     prompt_ids = trainer._heldout_prompt_ids(list(evaluation["prompt"]))
     shares, tokens = sampling_agreement(
         trainer.accelerator.unwrap_model(trainer.model),
@@ -290,6 +312,41 @@ def add_sampling_agreement(trainer, evaluation, rows, k) -> dict:
     for row, share in zip(rows, shares, strict=True):
         row["agreement"] = share
     return {"samples_per_question": k, "generated_tokens": tokens}
+
+
+def add_confidence_samples(trainer, rows, k) -> dict:
+    """Each row's `sampled_confidences`: the confidences of k confidence-turn replies sampled at temperature 1 on the
+    prompt the row's greedy confidence turn had (the trainer's model; `None`: unparsable), and their mean
+    `confidence_mean` over those that parse; returns the cost (`samples_per_question`, `generated_tokens`)."""
+    args = trainer.args
+    check_greedy_one_process(trainer, "confidence_samples")
+    prompts = trainer.heldout_confidence_prompt_ids or []
+    if len(prompts) != len(rows):
+        raise RuntimeError(f"{len(prompts)} confidence-turn prompts kept for {len(rows)} held-out answers.")
+    values, tokens = sampled_confidences(
+        trainer.accelerator.unwrap_model(trainer.model),
+        trainer.processing_class,
+        prompts,
+        k,
+        args.max_confidence_length,
+        args.confidence_tag,
+        args.lenient_parsing,
+        batch_size=max(1, 200 // k),  # about 200 sampled rows per generation call, as the held-out batch
+        seed=args.seed,
+    )
+    for row, sampled in zip(rows, values, strict=True):
+        row["sampled_confidences"], row["confidence_mean"] = sampled, mean_confidence(sampled)
+    return {"samples_per_question": k, "generated_tokens": tokens}
+
+
+def check_greedy_one_process(trainer, flag):
+    """`--<flag>` samples again from the greedy evaluation's records: one process, one greedy answer per question."""
+    args = trainer.args
+    if trainer.accelerator.num_processes > 1 or args.eval_num_samples != 1 or args.eval_temperature > 0:
+        raise ValueError(
+            f"--{flag} needs a greedy evaluation (--eval_num_samples 1, --eval_temperature 0) in one "
+            f"process; run the evaluation without accelerate's multi-process launch, or set --{flag} 0."
+        )
 
 
 def card_results(report):
@@ -352,6 +409,17 @@ def metrics_line(result, indent: str = "") -> str:
         )
         if a.auroc_within_groups is not None:
             line += f"  AUROC within groups {_ci(a, 'auroc_within_groups', a.auroc_within_groups)}"
+    m = result.mean_report
+    if m is not None:
+        cost = result.mean_cost or {}
+        line += (
+            f"\n{indent}stated confidence, mean of {cost.get('samples_per_question')} samples at temperature 1 "
+            f"({cost.get('generated_tokens')} generated tokens, none parsed for {result.mean_parse_fail_rate:.0%}): "
+            f"ECE {_ci(m, 'ece', m.ece)}  AUROC {_ci(m, 'auroc', m.auroc)}  Brier skill "
+            f"{_ci(m, 'brier_skill', m.brier_skill)}"
+        )
+        if m.auroc_within_groups is not None:
+            line += f"  AUROC within groups {_ci(m, 'auroc_within_groups', m.auroc_within_groups)}"
     return line
 
 
@@ -458,6 +526,7 @@ def main(script_args, training_args, model_args):
             "before",
             script_args.rlcr_paper_metrics,
             agreement_samples=script_args.agreement_samples,
+            confidence_samples=script_args.confidence_samples,
         )
         before_log = [trainer.state.log_history[-1]]
         seconds["evaluation"] = time.monotonic() - clock
@@ -474,7 +543,13 @@ def main(script_args, training_args, model_args):
         clock = time.monotonic()
         reuse = trainer.heldout_step == trainer.state.global_step  # the last --eval_steps evaluation
         report["after"] = heldout_evaluation(
-            trainer, evaluation, "after", script_args.rlcr_paper_metrics, reuse, script_args.agreement_samples
+            trainer,
+            evaluation,
+            "after",
+            script_args.rlcr_paper_metrics,
+            reuse,
+            script_args.agreement_samples,
+            confidence_samples=script_args.confidence_samples,
         )
         seconds["evaluation"] = seconds.get("evaluation", 0.0) + time.monotonic() - clock
     # Report: plots, metrics.json, the model card; push to the Hub if asked
@@ -551,6 +626,7 @@ def eval_only(model_path, evaluation, script_args, training_args, model_args):
         "eval",
         script_args.rlcr_paper_metrics,
         agreement_samples=script_args.agreement_samples,
+        confidence_samples=script_args.confidence_samples,
         files=EVAL_ONLY_FILES,
         header={
             "model": model_path,

@@ -381,6 +381,15 @@ class RLCRMultiTurnTrainer(
             yield record
 
     # -- held-out evaluation (trainers/seams/heldout.py) -------------------------------------------------------------------
+    heldout_confidence_prompt_ids: list[list[int]] | None = None
+    """The confidence-turn prompt ids (question, answer and confidence question, on tokens) of the last held-out
+    evaluation's samples on this process, in the order of its records, its padding rows last: what the recipe's
+    `--confidence_samples` samples again (records carry texts, and re-tokenising an answer need not give its ids)."""
+
+    def _heldout_evaluation(self, dataset, metric_key_prefix):
+        self.heldout_confidence_prompt_ids = []
+        return super()._heldout_evaluation(dataset, metric_key_prefix)
+
     def _heldout_records(self, rows, num_samples):
         """Answer each question `num_samples` times, then one confidence turn on each fixed answer, built on tokens
         as in training (`FollowUpTurn.prompt_ids`). Per sample: correctness (accuracy reward; `None` without gold),
@@ -392,6 +401,7 @@ class RLCRMultiTurnTrainer(
         )
         turn2 = [self._turn.prompt_ids(p, a, self.eos_token_ids) for p, a in zip(prompt_ids, answer_ids, strict=True)]
         confidence_ids = self._heldout_generate(turn2, 1, self._generation["confidence"], args.max_confidence_length)
+        self.heldout_confidence_prompt_ids += turn2
         answers = self.processing_class.batch_decode(answer_ids, skip_special_tokens=True)
         confidences = self.processing_class.batch_decode(confidence_ids, skip_special_tokens=True)
         return [
