@@ -168,3 +168,63 @@ def test_the_sampling_runs_outside_the_job_with_every_core(tmp_path, monkeypatch
     assert seen["cmd"][1:3] == ["-m", "trl_ext.models.agreement_warmup"]
     assert not {"RANK", "WORLD_SIZE", "ACCELERATE_USE_CPU", "OMP_NUM_THREADS"} & set(seen["env"])
     assert not list(tmp_path.iterdir())  # the spec file is removed
+
+
+def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
+    """`--warmup_confidences agreement`: stage 1 is the "weighted" warm-up (the same build, so a cached one is
+    reused), stage 2 fine-tunes its checkpoint on the sampled confidence turns, and RL starts from stage 2."""
+    import shutil
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from trl_ext.models import warmup
+    from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
+
+    digits = _digit_checkpoint(tmp_path / "digits")
+    trained = []
+
+    def fake_train(base, examples, settings, out):  # a "trained" checkpoint: the digit model, whatever the base
+        trained.append((base, examples))
+        shutil.copytree(digits, out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(warmup, "_train_in_child", fake_train)
+    sampled = []
+    monkeypatch.setattr(
+        agreement_warmup,
+        "_sample_in_child",
+        lambda spec, out: sampled.append(spec["k"]) or agreement_warmup._build(spec, out),
+    )
+    monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
+    train = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "solution": str(2 * i)} for i in range(5)]
+    )
+    training_args = SimpleNamespace(
+        confidence_prompt=CONF,
+        seed=3,
+        answer_tag="answer",
+        confidence_tag="confidence",
+        max_completion_length=3,
+        lenient_parsing=True,
+        chat_template_kwargs=None,
+        use_cpu=True,
+        bf16=False,
+    )
+    base = str(tmp_path / "base")
+    shutil.copytree(digits, base)
+    weighted = warm_up(base, train, RLCRScriptArguments(warmup_samples=3), training_args)[0]
+    args = RLCRScriptArguments(warmup_samples=3, warmup_confidences="agreement", warmup_agreement_samples=4)
+    path, rest, report = warm_up(base, train, args, training_args)
+    assert len(trained) == 2  # the weighted build reused as stage 1, then stage 2
+    stage2_base, stage2_examples = trained[1]
+    assert stage2_base == weighted and report["agreement"]["model"] == path == report["model"] != weighted
+    assert len(rest) == 2 and report["rows"] == 3 and report["examples"] == 6
+    stats = report["agreement"]
+    assert stats["rows_sampled"] == 3 and stats["samples_per_row"] == 4
+    assert stats["examples"] == len(stage2_examples) > 0 and sum(stats["shares"].values()) == stats["examples"]
+    assert {e["prompt"][-1]["content"] for e in stage2_examples} == {CONF}
+    assert report["seconds"] >= stats["seconds"] >= stats["sft_seconds"]
+    # A second run: nothing sampled or trained again.
+    assert warm_up(base, train, args, training_args)[0] == path and len(trained) == 2 and sampled == [4]
+    with pytest.raises(ValueError, match="--warmup_agreement_samples must be at least 1"):
+        RLCRScriptArguments(warmup_agreement_samples=0)

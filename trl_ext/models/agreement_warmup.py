@@ -144,7 +144,10 @@ def sample_answers(
         for completions in batch:
             tokens += sum(len(c) for c in completions)
             answers.append(
-                [extract_answer(tokenizer.decode(c, skip_special_tokens=True), answer_tag, lenient) for c in completions]
+                [
+                    extract_answer(tokenizer.decode(c, skip_special_tokens=True), answer_tag, lenient)
+                    for c in completions
+                ]
             )
     return answers, tokens
 
