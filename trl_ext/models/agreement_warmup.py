@@ -114,6 +114,7 @@ def sample_answers(
     """`k` answers per conversational prompt sampled at temperature 1 from `checkpoint` (parsed with `answer_tag`,
     `None`: unparsable), rendered as the RLCR evaluation renders its answer turn, and the tokens generated."""
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..core.turns import follow_up_turn
@@ -137,7 +138,7 @@ def sample_answers(
     ]
     batch_size = batch_size or max(1, 200 // k)  # about 200 sampled rows per generation call
     answers, tokens = [], 0
-    for start in range(0, len(ids), batch_size):
+    for start in tqdm(range(0, len(ids), batch_size), desc="agreement warm-up sampling"):
         batch = sampled_completions(
             model, tokenizer, ids[start : start + batch_size], k, max_new_tokens, seed=seed + start
         )
