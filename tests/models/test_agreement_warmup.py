@@ -228,3 +228,25 @@ def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
     assert warm_up(base, train, args, training_args)[0] == path and len(trained) == 2 and sampled == [4]
     with pytest.raises(ValueError, match="--warmup_agreement_samples must be at least 1"):
         RLCRScriptArguments(warmup_agreement_samples=0)
+
+
+def test_no_parsable_sample_is_a_clear_error(monkeypatch):
+    from types import SimpleNamespace
+
+    from trl_ext.recipe import rlcr
+    from trl_ext.recipe.rlcr import RLCRScriptArguments
+
+    stats = {"rows_sampled": 3, "samples_per_row": 8}
+    monkeypatch.setattr(rlcr, "agreement_examples", lambda *args, **kwargs: {"examples": [], "stats": stats})
+    training_args = SimpleNamespace(
+        confidence_prompt=CONF,
+        seed=0,
+        max_completion_length=8,
+        answer_tag="answer",
+        confidence_tag="confidence",
+        lenient_parsing=False,
+        chat_template_kwargs=None,
+        use_cpu=True,
+    )
+    with pytest.raises(ValueError, match="none of the 8 answers sampled for each of 3 warm-up rows had a parsable"):
+        rlcr.agreement_stage("stage1", [], RLCRScriptArguments(warmup_confidences="agreement"), training_args)
