@@ -57,10 +57,10 @@ def agreement_confidence_examples(
     is the share of all the row's samples (unparsable ones included) equal to `a`, rounded to a tenth ([`tenths`]).
 
     With more than `max_answers_per_row` distinct answers, that many are drawn uniformly among them (seeded by
-    `seed` and the row's index), not the most common ones: the most common answer is also the greedy one most of
-    the time, and its share is high, so keeping it first would teach mostly high confidences, the habit this stage
-    is meant to replace; a uniform draw keeps the low shares of the model's minority answers in the examples too.
-    The number of examples stays at most `max_answers_per_row` per row, so the stage costs about what the first does.
+    `seed` and the row's index), not the most common ones: keeping the mode would teach mostly the shares of the
+    answers the model gives most (the greedy one's), while RL, sampling at temperature 1, asks for a confidence after
+    its minority answers too; a uniform draw covers both ends of the scale. The cap keeps the stage about as long as
+    the first (at most `max_answers_per_row` examples per row, where the first has two per row).
     """
     if max_answers_per_row < 1:
         raise ValueError(f"max_answers_per_row must be at least 1 (got {max_answers_per_row}).")
