@@ -71,6 +71,8 @@ _LORA = ["--use_peft", "true", "--lora_r", "16", "--lora_alpha", "32"]
 _PROMPT_NORM_KL = ["--confidence_normalization", "answer_then_prompt", "--beta", "0.5", "--confidence_beta", "0"]
 VARIANTS = {
     "base": [],
+    # the warm-up's stated confidences distilled from the warmed-up model's own sampling agreement (8 answers per row)
+    "agreement_warmup": ["--warmup_confidences", "agreement"],
     "beta0": ["--beta", "0"],
     "beta0.1": ["--beta", "0.1"],
     "beta0.2": ["--beta", "0.2"],

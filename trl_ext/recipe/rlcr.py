@@ -14,6 +14,7 @@ from ..evaluation.calibration import plot_reliability_diagrams, reliability_diag
 from ..evaluation.confidence_samples import mean_confidence, sampled_confidences
 from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
+from ..models.agreement_warmup import agreement_examples
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing, verify_answer
 from ..trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
@@ -85,7 +86,15 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         warmup_confidences (`str`, *optional*, defaults to `"weighted"`):
             How the warm-up's stated confidences are drawn (never from the question): `"weighted"`, mostly high as
             instruction-tuned models state confidence; `"uniform"`, every tenth equally likely, so that RL starts
-            from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit.
+            from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit;
+            `"agreement"`, the model's own sampling agreement distilled into the stated confidence (no gold answers
+            needed): after the `"weighted"` warm-up, `warmup_agreement_samples` answers are sampled per warm-up row at
+            temperature 1, and a second warm-up of the same settings trains the confidence turn to state, for up to
+            two of the distinct answers sampled, the share of the samples that gave it (see
+            [`~trl_ext.models.agreement_warmup`]); the samples are drawn once and cached.
+        warmup_agreement_samples (`int`, *optional*, defaults to `8`):
+            Answers sampled per warm-up row at temperature 1 by `warmup_confidences="agreement"` (its stated
+            confidences are multiples of 1/k rounded to a tenth). Unused by the other draws.
         agreement_samples (`int`, *optional*, defaults to `0`):
             With k > 0, every report evaluation also samples k answers per held-out question at temperature 1 and
             scores the share that agree with the greedy answer as a confidence: the untrained reference point beside
@@ -108,9 +117,14 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
     warmup_confidences: str = field(
         default="weighted",
         metadata={
-            "help": "Draw of the warm-up's stated confidences: 'weighted' (mostly high) or 'uniform'.",
-            "choices": ["weighted", "uniform"],
+            "help": "Draw of the warm-up's stated confidences: 'weighted' (mostly high), 'uniform', or 'agreement' "
+            "(then a second warm-up on the share of sampled answers agreeing with each answer).",
+            "choices": ["weighted", "uniform", "agreement"],
         },
+    )
+    warmup_agreement_samples: int = field(
+        default=8,
+        metadata={"help": "Answers sampled per warm-up row by --warmup_confidences agreement."},
     )
     accuracy_func: str | None = field(
         default=None,
@@ -150,6 +164,11 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         for name in ("agreement_samples", "confidence_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be 0 (off) or more (got {getattr(self, name)}).")
+        if self.warmup_agreement_samples < 1:
+            raise ValueError(
+                f"--warmup_agreement_samples must be at least 1 (got {self.warmup_agreement_samples}); 8 or more "
+                "give shares that tell answers apart."
+            )
 
 
 # What a reported evaluation depends on beyond the model and the data: written to `evaluation_settings.json` with the
@@ -439,20 +458,58 @@ def warm_up(model_path, train, script_args, training_args):
             f"--warmup_samples {n} leaves no rows: the training set has {len(train)} rows ({len(rows)} of the first "
             f"{n} with a gold answer). Lower --warmup_samples or give more data (--num_train_samples)."
         )
+    agreement = script_args.warmup_confidences == "agreement"
     examples = rlcr_format_examples(
         rows,
         training_args.confidence_prompt,
         seed=training_args.seed,
         answer_tag=training_args.answer_tag,
         confidence_tag=training_args.confidence_tag,
-        confidence_draw=script_args.warmup_confidences,
+        # "agreement" starts from the "weighted" warm-up: the same examples, hence the same cached checkpoint
+        confidence_draw="weighted" if agreement else script_args.warmup_confidences,
     )
     path, seconds = script_args.build_warmup(model_path, examples, training_args)
-    return (
-        path,
-        train.select(range(n, len(train))),
-        {"model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds},
+    report = {"model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds}
+    if agreement:
+        answer_turns = examples[::2]  # rlcr_format_examples: each row's answer turn, then its confidence turn
+        report["agreement"] = agreement_stage(path, rows, answer_turns, script_args, training_args)
+        path = report["model"] = report["agreement"]["model"]
+        report["seconds"] += report["agreement"]["seconds"]
+    return path, train.select(range(n, len(train))), report
+
+
+def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> dict:
+    """`--warmup_confidences agreement`'s second stage: `stage1` fine-tuned again, with the same settings, on
+    confidence turns stating the share of `--warmup_agreement_samples` sampled answers that agree with each answer
+    (sampled once and cached), beside the first stage's `answer_turns` again. Without them the stage trained only
+    confidence turns, most of them stating 0.1, and that reached the answer turn through the shared weights: the
+    embedded default then answered `<answer>0.1</answer>` (0 of 200 tune questions right). Returns its report: the checkpoint, what was sampled, the examples' stated
+    confidences (`shares`: examples per value) and the seconds this call took (`sampling_seconds`: the sampling's
+    when it ran, possibly in an earlier run)."""
+    started = time.monotonic()
+    built = agreement_examples(
+        stage1,
+        rows,
+        script_args.warmup_agreement_samples,
+        training_args.confidence_prompt,
+        seed=training_args.seed,
+        max_new_tokens=training_args.max_completion_length,
+        answer_tag=training_args.answer_tag,
+        confidence_tag=training_args.confidence_tag,
+        lenient=training_args.lenient_parsing,
+        chat_template_kwargs=training_args.chat_template_kwargs,
+        use_cpu=training_args.use_cpu,
     )
+    stats = built["stats"]
+    if not built["examples"]:
+        raise ValueError(
+            f"--warmup_confidences agreement: none of the {stats['samples_per_row']} answers sampled for each of "
+            f"{stats['rows_sampled']} warm-up rows had a parsable <{training_args.answer_tag}> tag, so there is no "
+            "share to state. Use --warmup_confidences weighted, more --warmup_samples or --warmup_epochs, or "
+            "--lenient_parsing."
+        )
+    path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns, *built["examples"]], training_args)
+    return {"model": path, **stats, "sft_seconds": sft_seconds, "seconds": time.monotonic() - started}
 
 
 def summary(report, output_dir, seconds):

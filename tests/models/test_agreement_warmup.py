@@ -1,0 +1,258 @@
+"""The agreement warm-up: confidence-turn examples stating the share of sampled answers, and their cached build."""
+
+import json
+
+import pytest
+
+from trl_ext.models import agreement_warmup
+from trl_ext.models.agreement_warmup import (
+    agreement_confidence_examples,
+    agreement_examples,
+    share_distribution,
+    tenths,
+)
+from trl_ext.models.cache import COMPLETE_MARKER
+
+
+CONF = "How sure are you?"
+ROWS = [
+    {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "What is 1 + 2?"}]},
+    {"prompt": [{"role": "user", "content": "What is 4 * 5?"}]},
+]
+
+
+def _stated(example):
+    text = example["completion"][0]["content"]
+    assert text.startswith("<confidence>") and text.endswith("</confidence>")
+    return text[len("<confidence>") : -len("</confidence>")]
+
+
+def _answer(example):
+    return example["prompt"][-2]["content"]
+
+
+def test_tenths_round_halves_up():
+    # k = 8: 1/8 = 0.125, 2/8 = 0.25, 3/8 = 0.375, 5/8 = 0.625, 6/8 = 0.75, 7/8 = 0.875
+    assert [tenths(c, 8) for c in range(9)] == [0.0, 0.1, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9, 1.0]
+    assert tenths(1, 3) == 0.3 and tenths(2, 3) == 0.7 and tenths(1, 30) == 0.0 and tenths(1, 20) == 0.1
+
+
+def test_each_distinct_answer_states_its_share_of_all_samples():
+    # Row 0: "3" x5 (" 3 " and "3.0" normalise to "3"), "4" x2, one unparsable: shares 5/8 -> 0.6, 2/8 -> 0.3.
+    # Row 1: every sample "20": 1.0.
+    samples = [["3", "4", " 3 ", None, "3.0", "4", "3", "3"], ["20"] * 8]
+    examples = agreement_confidence_examples(ROWS, samples, CONF, max_answers_per_row=2)
+    assert examples == [
+        {
+            "prompt": [
+                *ROWS[0]["prompt"],
+                {"role": "assistant", "content": "<answer>3</answer>"},
+                {"role": "user", "content": CONF},
+            ],
+            "completion": [{"role": "assistant", "content": "<confidence>0.6</confidence>"}],
+        },
+        {
+            "prompt": [
+                *ROWS[0]["prompt"],
+                {"role": "assistant", "content": "<answer>4</answer>"},
+                {"role": "user", "content": CONF},
+            ],
+            "completion": [{"role": "assistant", "content": "<confidence>0.3</confidence>"}],
+        },
+        {
+            "prompt": [
+                *ROWS[1]["prompt"],
+                {"role": "assistant", "content": "<answer>20</answer>"},
+                {"role": "user", "content": CONF},
+            ],
+            "completion": [{"role": "assistant", "content": "<confidence>1</confidence>"}],
+        },
+    ]
+    assert share_distribution(examples) == {"0.3": 1, "0.6": 1, "1": 1}
+
+
+def test_unparsable_samples_count_but_give_no_example():
+    examples = agreement_confidence_examples(
+        ROWS, [[None, None, None, "7"], [None, "", None, None]], CONF, answer_tag="a", confidence_tag="c"
+    )
+    # "7" is 1 of 4 samples: 0.25 -> 0.3; row 1 parsed nothing ("" is no answer).
+    assert [(_answer(e), e["completion"][0]["content"]) for e in examples] == [("<a>7</a>", "<c>0.3</c>")]
+
+
+def test_the_per_row_cap_draws_answers_uniformly_and_deterministically():
+    # 5 distinct answers: "1" x4 (share 0.4 of 10), the others x1 or x2 (0.1, 0.2).
+    samples = [["1", "1", "1", "1", "2", "2", "3", "4", "5", "5"]]
+    rows = ROWS[:1]
+    first = agreement_confidence_examples(rows, samples, CONF, seed=0, max_answers_per_row=2)
+    assert len(first) == 2 and len({_answer(e) for e in first}) == 2
+    assert agreement_confidence_examples(rows, samples, CONF, seed=0, max_answers_per_row=2) == first
+    # Over seeds, every answer is kept about equally often (2/5 of the time), the most common one no more.
+    kept = [
+        _answer(e)
+        for seed in range(500)
+        for e in agreement_confidence_examples(rows, samples, CONF, seed=seed, max_answers_per_row=2)
+    ]
+    counts = {a: kept.count(f"<answer>{a}</answer>") for a in "12345"}
+    assert all(150 < c < 250 for c in counts.values()), counts  # 200 expected each
+    # Each kept answer states its own share, whatever else was kept.
+    shares = {"1": "0.4", "2": "0.2", "3": "0.1", "4": "0.1", "5": "0.2"}
+    assert all(_stated(e) == shares[_answer(e)[len("<answer>") : -len("</answer>")]] for e in first)
+    everything = agreement_confidence_examples(rows, samples, CONF, max_answers_per_row=5)
+    assert [_answer(e) for e in everything] == [f"<answer>{a}</answer>" for a in "12345"]  # first-seen order
+    with pytest.raises(ValueError, match="max_answers_per_row"):
+        agreement_confidence_examples(rows, samples, CONF, max_answers_per_row=0)
+    with pytest.raises(ValueError, match="2 rows but 1"):
+        agreement_confidence_examples(ROWS, samples, CONF)
+
+
+def _digit_checkpoint(directory):
+    """A tiny random model that writes only digits: its output head scores the ten digit tokens (others 0), large
+    enough that the samples often agree, so lenient parsing finds answers to count."""
+    import torch
+
+    from trl_ext.testing import tiny_causal_lm
+
+    model, tokenizer = tiny_causal_lm(seed=0)
+    digits = tokenizer.convert_tokens_to_ids(list("0123456789"))
+    head = torch.zeros_like(model.lm_head.weight)
+    torch.manual_seed(1)
+    head[digits] = 20 * torch.randn(len(digits), head.size(1))
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(head)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def test_sampled_examples_are_built_once_and_reused(tmp_path, monkeypatch):
+    """End to end on a tiny random model: the samples parsed, the examples built from them and cached; a second call
+    samples nothing."""
+    stage1 = _digit_checkpoint(tmp_path / "stage1")
+    builds = []
+
+    def in_process(spec, out):  # the child's work, here (a child process only adds an interpreter start)
+        builds.append(spec)
+        agreement_warmup._build(spec, out)
+
+    monkeypatch.setattr(agreement_warmup, "_sample_in_child", in_process)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in range(3)]
+    kwargs = {"seed": 5, "max_new_tokens": 3, "lenient": True, "use_cpu": True, "cache_dir": tmp_path / "cache"}
+    built = agreement_examples(stage1, rows, 4, CONF, **kwargs)
+    answers = built["answers"]
+    assert len(answers) == 3 and all(len(a) == 4 for a in answers)
+    assert any(a is not None for row in answers for a in row)
+    assert built["examples"] == agreement_confidence_examples(rows, answers, CONF, seed=5)
+    stats = built["stats"]
+    assert stats["rows_sampled"] == 3 and stats["samples_per_row"] == 4
+    assert stats["examples"] == len(built["examples"]) > 0
+    assert stats["unparsable_samples"] == sum(a is None for row in answers for a in row)
+    assert stats["shares"] == share_distribution(built["examples"])
+    assert sum(stats["shares"].values()) == stats["examples"]
+    assert len(list((tmp_path / "cache").glob(f"*/{COMPLETE_MARKER}"))) == 1
+
+    # The same inputs: the cached examples, no second sampling; another k or seed samples again.
+    assert agreement_examples(stage1, rows, 4, CONF, **kwargs) == built and len(builds) == 1
+    assert json.loads(json.dumps(built)) == built
+    other = agreement_examples(stage1, rows, 2, CONF, **kwargs)
+    assert len(builds) == 2 and all(len(a) == 2 for a in other["answers"])
+
+
+def test_the_sampling_runs_outside_the_job_with_every_core(tmp_path, monkeypatch):
+    import subprocess
+
+    seen = {}
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env, check: seen.update(cmd=cmd, env=env))
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    agreement_warmup._sample_in_child({"stage1": "x"}, tmp_path)
+    assert seen["cmd"][1:3] == ["-m", "trl_ext.models.agreement_warmup"]
+    assert not {"RANK", "WORLD_SIZE", "ACCELERATE_USE_CPU", "OMP_NUM_THREADS"} & set(seen["env"])
+    assert not list(tmp_path.iterdir())  # the spec file is removed
+
+
+def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
+    """`--warmup_confidences agreement`: stage 1 is the "weighted" warm-up (the same build, so a cached one is
+    reused), stage 2 fine-tunes its checkpoint on the sampled confidence turns, and RL starts from stage 2."""
+    import shutil
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from trl_ext.models import warmup
+    from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
+
+    digits = _digit_checkpoint(tmp_path / "digits")
+    trained = []
+
+    def fake_train(base, examples, settings, out):  # a "trained" checkpoint: the digit model, whatever the base
+        trained.append((base, examples))
+        shutil.copytree(digits, out, dirs_exist_ok=True)
+
+    monkeypatch.setattr(warmup, "_train_in_child", fake_train)
+    sampled = []
+    monkeypatch.setattr(
+        agreement_warmup,
+        "_sample_in_child",
+        lambda spec, out: sampled.append(spec["k"]) or agreement_warmup._build(spec, out),
+    )
+    monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
+    train = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "solution": str(2 * i)} for i in range(5)]
+    )
+    training_args = SimpleNamespace(
+        confidence_prompt=CONF,
+        seed=3,
+        answer_tag="answer",
+        confidence_tag="confidence",
+        max_completion_length=3,
+        lenient_parsing=True,
+        chat_template_kwargs=None,
+        use_cpu=True,
+        bf16=False,
+    )
+    base = str(tmp_path / "base")
+    shutil.copytree(digits, base)
+    weighted = warm_up(base, train, RLCRScriptArguments(warmup_samples=3), training_args)[0]
+    args = RLCRScriptArguments(warmup_samples=3, warmup_confidences="agreement", warmup_agreement_samples=4)
+    path, rest, report = warm_up(base, train, args, training_args)
+    assert len(trained) == 2  # the weighted build reused as stage 1, then stage 2
+    stage2_base, stage2_examples = trained[1]
+    assert stage2_base == weighted and report["agreement"]["model"] == path == report["model"] != weighted
+    assert len(rest) == 2 and report["rows"] == 3 and report["examples"] == 6
+    stats = report["agreement"]
+    assert stats["rows_sampled"] == 3 and stats["samples_per_row"] == 4
+    # Stage 2: the three gold answer turns of stage 1 again (they hold the answer turn), then the sampled shares.
+    stage1_examples = trained[0][1]
+    assert stage2_examples[:3] == stage1_examples[::2] and len(stage2_examples) == 3 + stats["examples"]
+    assert [e["completion"][0]["content"] for e in stage2_examples[:3]] == [
+        f"<answer>{2 * i}</answer>" for i in range(3)
+    ]
+    assert stats["examples"] > 0 and sum(stats["shares"].values()) == stats["examples"]
+    assert {e["prompt"][-1]["content"] for e in stage2_examples[3:]} == {CONF}
+    assert report["seconds"] >= stats["seconds"] >= stats["sft_seconds"]
+    # A second run: nothing sampled or trained again.
+    assert warm_up(base, train, args, training_args)[0] == path and len(trained) == 2 and sampled == [4]
+    with pytest.raises(ValueError, match="--warmup_agreement_samples must be at least 1"):
+        RLCRScriptArguments(warmup_agreement_samples=0)
+
+
+def test_no_parsable_sample_is_a_clear_error(monkeypatch):
+    from types import SimpleNamespace
+
+    from trl_ext.recipe import rlcr
+    from trl_ext.recipe.rlcr import RLCRScriptArguments
+
+    stats = {"rows_sampled": 3, "samples_per_row": 8}
+    monkeypatch.setattr(rlcr, "agreement_examples", lambda *args, **kwargs: {"examples": [], "stats": stats})
+    training_args = SimpleNamespace(
+        confidence_prompt=CONF,
+        seed=0,
+        max_completion_length=8,
+        answer_tag="answer",
+        confidence_tag="confidence",
+        lenient_parsing=False,
+        chat_template_kwargs=None,
+        use_cpu=True,
+    )
+    with pytest.raises(ValueError, match="none of the 8 answers sampled for each of 3 warm-up rows had a parsable"):
+        rlcr.agreement_stage("stage1", [], [], RLCRScriptArguments(warmup_confidences="agreement"), training_args)
