@@ -55,10 +55,12 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "t
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with `-dirty` when tracked files differ from it. Outside a git checkout (a copy of the
-    tree on a GPU machine, without `.git`): `$TRL_EXT_COMMIT`, the commit the copy was made from, if set; else None."""
-    if not (ROOT / ".git").exists():
-        return os.environ.get("TRL_EXT_COMMIT") or None
+    """`$TRL_EXT_COMMIT` when set: the commit a copy of the tree was made from, named by whoever copied it (a GPU
+    machine's copy may carry no `.git`, or a stale one: runs there recorded the session's first commit, `-dirty`,
+    for a tree several commits later). Else the checkout's commit, with `-dirty` when tracked files differ from it;
+    None outside a git checkout."""
+    if os.environ.get("TRL_EXT_COMMIT"):
+        return os.environ["TRL_EXT_COMMIT"]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True

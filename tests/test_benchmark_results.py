@@ -64,9 +64,11 @@ def test_merge_script_concatenates_records(tmp_path):
     assert read_jsonl(tmp_path / "merged.jsonl") == [{"file": "a.json", "run": "x"}, {"file": "b.json", "run": "y"}]
 
 
-def test_a_copy_without_git_records_the_commit_it_was_made_from(tmp_path, monkeypatch):
+def test_a_copy_records_the_commit_it_was_made_from(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "ROOT", tmp_path)  # a copied tree: no .git (as on a GPU machine)
     monkeypatch.delenv("TRL_EXT_COMMIT", raising=False)
     assert common.git_commit() is None
     monkeypatch.setenv("TRL_EXT_COMMIT", "a" * 40)
+    assert common.git_commit() == "a" * 40
+    monkeypatch.setattr(common, "ROOT", Path(__file__).resolve().parent.parent)  # named, it wins over a .git there
     assert common.git_commit() == "a" * 40
