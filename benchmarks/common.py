@@ -66,7 +66,11 @@ def git_commit() -> str | None:
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+            # the results folder excluded: a benchmark that writes its plot before its JSON would call itself dirty
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
