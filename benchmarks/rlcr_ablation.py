@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_result
+from common import results_dir, write_result
 
 from trl_ext.evaluation.records import read_jsonl
 
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 METRICS = (
     "accuracy",
     "ece",
