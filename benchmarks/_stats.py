@@ -1,16 +1,14 @@
 """Intervals as the replay and Absolute Zero benchmarks report them, on the project's own pieces: the bootstrap of
 `trl_ext.evaluation.calibration`, the question normalisation of the built-in data's splits
-(`trl_ext.data.normalise_question`) and the benchmarks' provenance (`common.provenance`)."""
+(`trl_ext.data.normalise_question`)."""
 
 from __future__ import annotations
-
-from common import provenance
 
 from trl_ext.data.graded_arithmetic import normalise_question
 from trl_ext.evaluation.calibration import bootstrap_mean_interval
 
 
-__all__ = ["bootstrap_interval", "normalise_question", "paired_difference_interval", "provenance"]
+__all__ = ["bootstrap_interval", "normalise_question", "paired_difference_interval"]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0

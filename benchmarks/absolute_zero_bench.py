@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _stats import bootstrap_interval, normalise_question, paired_difference_interval, provenance
+from _stats import bootstrap_interval, normalise_question, paired_difference_interval
 from common import (
     ROOT,
     fixed_length,
@@ -44,11 +44,13 @@ from common import (
     load_model,
     machine_load,
     plot_step_times,
+    results_dir,
     summarize,
+    write_result,
 )
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
-from trl_ext.recipe import plot_learning_curves, write_json
+from trl_ext.recipe import plot_learning_curves
 from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments
 from trl_ext.recipe.absolute_zero import main as absolute_zero_main
 from trl_ext.self_play import arithmetic_task
@@ -57,7 +59,7 @@ from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 
 
 def overhead(steps: int) -> dict:
@@ -303,7 +305,6 @@ def curves(steps: int | None, task: str, seeds: list[int], heldout_size: int | N
         "steps_run": len(runs[0]["steps"]),
         "tune_set": f"held-out questions of seed {TUNE_SEED} ({len(tune)}), excluded from every report set",
         "report": report(runs, tune),
-        "provenance": provenance(seeds),
         "runs": runs,
     }
     plot_report(result, RESULTS / f"{results_name(task, 'heldout')}{suffix}.png")
@@ -324,9 +325,10 @@ def main():
             parser.error("--seeds: a comparison needs 3 or more seeds.")
         if TUNE_SEED in args.seeds:
             parser.error(f"--seeds: seed {TUNE_SEED} draws the held-out questions the config was tuned on.")
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
         result, name = overhead(args.steps or 4), "absolute_zero_overhead"
+        seeds = [0]  # both trainers: cpu_test_args' seed
         panel = f"equal generated tokens ({result['generated_tokens_per_step']} per step)"
         plot_step_times(
             {panel: result["step_times"]},
@@ -339,7 +341,8 @@ def main():
         heldout_size = args.heldout_size or (24 if args.quick else None)
         result = curves(steps, args.task, args.seeds, heldout_size, args.quick)
         name = results_name(args.task, "curves") + ("_quick" if args.quick else "")
-    write_json(RESULTS / f"{name}.json", result)
+        seeds = args.seeds
+    write_result(RESULTS / f"{name}.json", result, seeds=seeds)
     print({k: v for k, v in result.items() if k != "runs"})
 
 

@@ -360,7 +360,8 @@ def main(argv=None):
     else:
         result = configs(args.max_steps, only)
         stem = "memory_configs"
-    write_result(results / f"{stem}.json", result)  # before the plot, which may fail
+    # before the plot, which may fail; steps: every trainer has cpu_test_args' seed, configs: each config's own
+    write_result(results / f"{stem}.json", result, seeds=[0] if args.part == "steps" else None)
     if args.part == "steps":
         plot_steps(result, results / f"{stem}.png")
     print(json.dumps(result.get("summary", {k: v["peak_mb"] for k, v in result.get("configs", {}).items()}), indent=1))

@@ -45,7 +45,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _stats import bootstrap_interval, normalise_question, paired_difference_interval, provenance
+from _stats import bootstrap_interval, normalise_question, paired_difference_interval
 from common import (
     device_args,
     device_name,
@@ -54,20 +54,21 @@ from common import (
     load_model,
     machine_load,
     plot_step_times,
+    results_dir,
     rlcr_cpu_run,
     rlcr_cpu_warmup,
     summarize,
+    write_result,
 )
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.data import graded_arithmetic
-from trl_ext.recipe import write_json
 from trl_ext.rewards import make_accuracy_reward, make_format_reward
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import ReplayGRPOConfig, ReplayGRPOTrainer
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 COMPLETION = "<think>3 plus 4 is 7.</think><answer>7</answer>"  # the scripted completion, filled to 32 tokens
 WINDOW = 4
 
@@ -306,7 +307,6 @@ def curves(
         "heldout_questions": [row["question"] for row in heldout],
         "heldout_levels": [row["level"] for row in heldout],
         **compare(runs),
-        "provenance": provenance(seeds),
         "runs": runs,
     }
     plot_curves(result, RESULTS / f"{curves_name(levels, quick)}.png")
@@ -468,6 +468,7 @@ def main(argv=None):
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
         result, name = overhead(args.steps or 4), "replay_overhead"
+        seeds = [42]  # make_trainer's default seed, both trainers
     else:
         steps = args.steps or (4 if args.quick else 24)
         heldout_size = args.heldout_size or (32 if args.quick else 64)
@@ -482,7 +483,8 @@ def main(argv=None):
             model=args.model,
         )
         name = curves_name(args.levels, args.quick)
-    path = write_json(RESULTS / f"{name}.json", result)
+        seeds = args.seeds
+    path = write_result(RESULTS / f"{name}.json", result, seeds=seeds)
     print({k: v for k, v in result.items() if k not in ("runs", "heldout_questions", "heldout_levels")})
     print(f"-> {path}")
 

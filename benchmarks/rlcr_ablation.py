@@ -28,13 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_result
+from common import results_dir, write_result
 
 from trl_ext.evaluation.records import read_jsonl
 
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 METRICS = (
     "accuracy",
     "ece",
@@ -83,8 +83,8 @@ VARIANTS = {
     "lora_lr5e-4": [*_LORA, "--learning_rate", "5e-4"],
     "lora_lr1e-3_beta0": [*_LORA, "--learning_rate", "1e-3", "--beta", "0"],
     "gc4": ["--num_generations_confidence", "4"],
-    # both turns sampled (and scored) at temperature 1: the YAMLs' setting now (the CPU YAML had 0.5 when these ran,
-    # rlcr_ablation_h100_48steps_seeds.json; over the current one they repeat `base` and `gc4`)
+    # both turns sampled (and scored) at temperature 1: the YAMLs' setting now (the CPU YAML had 0.5 when these were
+    # added; over the current one they repeat `base` and `gc4`)
     "t1": ["--temperature", "1.0"],
     "t1_gc4": ["--temperature", "1.0", "--num_generations_confidence", "4"],
     "ga4": ["--num_generations", "4", "--per_device_train_batch_size", "16"],  # x 2 micro-batches: 8 prompts

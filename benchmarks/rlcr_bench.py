@@ -590,7 +590,8 @@ def calibration_summary(runs: dict, tokens: dict) -> dict:
 
 def merge_calibration(parts: list[dict]) -> dict:
     """Calibration results of the same settings run apart (one process per seed, `--parallel`) as one result: their
-    seeds, warm-ups, generated tokens and runs joined, the summary recomputed."""
+    seeds, warm-ups, generated tokens and runs joined, the summary recomputed, and each part's seeds and provenance
+    kept (`merged_from`)."""
     first = parts[0]
     for part in parts[1:]:
         for key in ("steps", "split", "evaluate_every", "agreement_samples", "confidence_samples", "single_turn"):
@@ -602,6 +603,7 @@ def merge_calibration(parts: list[dict]) -> dict:
         merged[key] = {k: v for part in parts for k, v in part[key].items()}
     merged["runs"] = {method: [run for part in parts for run in part["runs"][method]] for method in first["runs"]}
     merged["summary"] = calibration_summary(merged["runs"], merged["generated_tokens"])
+    merged["merged_from"] = [{"seeds": part["seeds"], "provenance": part.get("provenance")} for part in parts]
     return merged
 
 
@@ -780,7 +782,8 @@ def main(argv=None):
         result = overhead(args.steps or 4, args.model)
         name = "overhead_cuda" if on_cuda() else "overhead"  # CPU and GPU figures side by side
         name += "" if args.model is None else "_tiny"
-        write_result(RESULTS / f"rlcr_{name}.json", result)  # before the plot, which may fail
+        # before the plot, which may fail; every trainer has cpu_test_args' seed
+        write_result(RESULTS / f"rlcr_{name}.json", result, seeds=[0])
         plot_overhead(result, RESULTS / f"rlcr_{name}.png")
     elif args.merge:
         from trl_ext.evaluation.records import read_jsonl

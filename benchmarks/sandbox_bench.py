@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-from common import provenance
+from common import results_dir, write_result
 
 import trl_ext.sandbox.pool as pool_module
 from trl_ext.sandbox import SandboxPool
@@ -41,7 +40,7 @@ from trl_ext.sandbox.interpreter import sandbox_interpreter
 from trl_ext.sandbox.pool import Limits
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 PROGRAMS = {
     "trivial": "result = 1",
     "typical": (
@@ -242,10 +241,9 @@ def main():
         "summary": summary,
         "rounds": rates,
         "server_cpu_s_per_exec": cpu_per_exec,
-        "provenance": provenance(),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.results_name}.json").write_text(json.dumps(payload, indent=2))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_result(RESULTS / f"{args.results_name}.json", payload)  # no seeds: nothing is random
     plot(summary, RESULTS / f"{args.results_name}.png", load_before)
 
 

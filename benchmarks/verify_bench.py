@@ -3,16 +3,18 @@ and `normalize_answer` on nested `\\boxed{` against the nesting depth.
 
     python benchmarks/verify_bench.py        # writes benchmarks/results/verify_bounds.{json,png}
 
+The JSON records its provenance (commit, package versions, device, command line; no seeds: nothing is random).
+
 Hostile answers here are pairs that keep sympy busy until the per-pair budget (`0.8 * TRL_EXT_VERIFY_TIMEOUT_S`)
 interrupts them; without a batch deadline they queue one after another.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from pathlib import Path
+
+from common import results_dir, write_result
 
 from trl_ext.rewards import normalize_answer
 from trl_ext.rewards import verify as verify_module
@@ -21,7 +23,7 @@ from trl_ext.rewards import verify as verify_module
 HOSTILE = [("\\log(5+e)", "1000000"), ("10", "\\sin(128x)"), ("7", "\\sin(x+1)^{60}"), ("42", "(x+y+z+w)^{60}")]
 COUNTS = [1, 2, 4, 8]
 DEPTHS = [1_000, 4_000, 16_000, 64_000]
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 
 
 def batch_seconds(n: int, batch_timeout: float) -> tuple[float, int]:
@@ -59,10 +61,8 @@ def main():
         boxed.append({"depth": depth, "seconds": time.perf_counter() - start})
         print(f"boxed depth {depth}: {boxed[-1]['seconds'] * 1000:.1f} ms")
 
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "verify_bounds.json").write_text(
-        json.dumps({"hostile_batch": hostile, "nested_boxed": boxed}, indent=2)
-    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_result(RESULTS / "verify_bounds.json", {"hostile_batch": hostile, "nested_boxed": boxed})  # before the plot
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -38,20 +38,19 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-from common import fixed_length, load_model, machine_load, step_times
+from common import fixed_length, load_model, machine_load, results_dir, step_times, write_result
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.models.chat_template import use_tool_chat_template
-from trl_ext.recipe import plot_learning_curves, write_json
+from trl_ext.recipe import plot_learning_curves
 from trl_ext.self_play import workspace_task
 from trl_ext.self_play.workspace import seed_task_dataset
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
 from trl_ext.trainers import AbsoluteZeroConfig, AbsoluteZeroTrainer
 
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 PROPOSAL_TOKENS, TURN_TOKENS, G, K = 128, 40, 4, 2
 LEARNABLE = {
     "instruction": "Tidy up: remove keys.txt.",
@@ -221,7 +220,7 @@ def main():
     parser.add_argument("--prompts", type=int, default=4, help="seed prompts per step (see the docstring)")
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     runs = {"absolute_zero": [], "grpo": []}
     load_before = machine_load()
     for _ in range(args.repeats):
@@ -230,7 +229,6 @@ def main():
             print(config, runs[config][-1], flush=True)
     result = {
         "model": f"{MODEL_NAMES[args.model]}, CPU, TRL Qwen2.5 tool template",
-        "command": "python benchmarks/workspace_bench.py " + " ".join(sys.argv[1:]),
         "steps_measured_per_run": args.steps,
         "seed_prompts_per_step": args.prompts,
         "load_before": load_before,
@@ -245,7 +243,7 @@ def main():
     result["ratio_per_trained_row_min"] = (
         az["step_time_per_trained_row_s"]["min"] / grpo["step_time_per_trained_row_s"]["min"]
     )
-    write_json(RESULTS / "workspace_overhead.json", result)
+    write_result(RESULTS / "workspace_overhead.json", result, seeds=[0])  # every trainer: cpu_test_args' seed
     points = [
         {"step": i + 1, "absolute_zero": a, "grpo": g}
         for i, (a, g) in enumerate(zip(az["step_time_s"]["all"], grpo["step_time_s"]["all"]))

@@ -72,3 +72,19 @@ def test_a_copy_records_the_commit_it_was_made_from(tmp_path, monkeypatch):
     assert common.git_commit() == "a" * 40
     monkeypatch.setattr(common, "ROOT", Path(__file__).resolve().parent.parent)  # named, it wins over a .git there
     assert common.git_commit() == "a" * 40
+
+
+def test_verify_bench_writes_its_provenance(tmp_path, monkeypatch):
+    verify_bench = pytest.importorskip("verify_bench")
+    from trl_ext.rewards import verify as verify_module
+
+    monkeypatch.setattr(verify_bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(verify_bench, "HOSTILE", [("1/2", "0.5")])  # quick pairs: the writer is under test
+    monkeypatch.setattr(verify_bench, "COUNTS", [1])
+    monkeypatch.setattr(verify_bench, "DEPTHS", [10])
+    monkeypatch.setattr(verify_module, "VERIFY_BATCH_TIMEOUT_S", verify_module.VERIFY_BATCH_TIMEOUT_S)
+    verify_bench.main()
+    result = json.loads((tmp_path / "verify_bounds.json").read_text())
+    assert result["hostile_batch"]["rows"][0]["unverified"] == 0 and result["nested_boxed"][0]["depth"] == 10
+    assert {"commit", "packages", "device", "command", "seeds"} <= set(result["provenance"])
+    assert (tmp_path / "verify_bounds.png").exists()

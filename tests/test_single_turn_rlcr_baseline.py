@@ -182,10 +182,16 @@ def _result(seed, multi, single, ratio):
 
 def test_summary_says_per_seed_whether_multi_turn_within_level_auroc_is_at_least_single_turns():
     merged = bench.merge_calibration(
-        [_result(42, 0.7, 0.6, 1.02), _result(43, 0.5, 0.5, 0.98), _result(44, None, 0.6, 1.0)]
+        [
+            {**_result(42, 0.7, 0.6, 1.02), "provenance": {"p": 42}},
+            {**_result(43, 0.5, 0.5, 0.98), "provenance": {"p": 43}},
+            _result(44, None, 0.6, 1.0),
+        ]
     )
     summary = merged["summary"]
     assert merged["seeds"] == [42, 43, 44] and set(merged["warmup_models"]) == {"42", "43", "44"}
+    assert [part["seeds"] for part in merged["merged_from"]] == [[42], [43], [44]]
+    assert [part["provenance"] for part in merged["merged_from"]] == [{"p": 42}, {"p": 43}, None]
     assert summary["seeds"] == [42, 43, 44]
     assert summary["multi_minus_single_auroc_within_groups"] == pytest.approx([0.1, 0.0, None])
     assert summary["multi_within_level_auroc_at_least_single"] == [True, True, None]
