@@ -172,7 +172,8 @@ def test_the_sampling_runs_outside_the_job_with_every_core(tmp_path, monkeypatch
 
 def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
     """`--warmup_confidences agreement`: stage 1 is the "weighted" warm-up (the same build, so a cached one is
-    reused), stage 2 fine-tunes its checkpoint on the sampled confidence turns, and RL starts from stage 2."""
+    reused), stage 2 fine-tunes its checkpoint on the sampled confidence turns beside stage 1's answer turns (gold)
+    again, and RL starts from stage 2."""
     import shutil
     from types import SimpleNamespace
 

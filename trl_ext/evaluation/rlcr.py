@@ -103,7 +103,8 @@ def evaluate_calibration(
         model, tokenizer: The model under evaluation and its tokenizer (with a chat template).
         dataset: Rows with a conversational `prompt` and the gold answer in `args.solution_column`.
         args: An [`RLCRMultiTurnConfig`] (tags, confidence prompt, generation lengths, chat template kwargs).
-        batch_size: Prompts per generation batch.
+        batch_size: Prompts per generation batch; also about the rows per sampling call of `agreement_samples` and
+            `confidence_samples` (`batch_size // k` prompts, `k` rows each).
         accuracy_func: `f(gold, prediction) -> bool`, as in training.
         rlcr_paper_convention: Also score the rows in the RLCR paper's convention (`paper_report`), to compare with
             its numbers.

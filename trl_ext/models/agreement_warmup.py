@@ -2,11 +2,12 @@
 
 The format warm-up ([`~trl_ext.models.warmup`]) teaches the confidence turn with confidences drawn at random, so the
 warmed-up model states numbers that say nothing about its answer. Yet how often the model gives an answer when it
-samples (self-consistency) separates its right answers from its wrong ones. This stage needs no gold answers:
-from the first stage's checkpoint, `k` answers are sampled per warm-up row at temperature 1; every distinct parsed
-answer (at most `max_answers_per_row` of them) gives a confidence-turn example whose stated confidence is the share
-of the `k` samples equal to it, rounded to a tenth. The checkpoint is then fine-tuned on these examples with the
-same settings ([`~trl_ext.models.warmup.format_warmup`]).
+samples (self-consistency) separates its right answers from its wrong ones. This stage uses the first stage's
+warm-up rows, gold answers included; only the stated confidences come from the model's own samples: from the first
+stage's checkpoint, `k` answers are sampled per warm-up row at temperature 1; every distinct parsed answer (at most
+`max_answers_per_row` of them) gives a confidence-turn example whose stated confidence is the share of the `k`
+samples equal to it, rounded to a tenth. The checkpoint is then fine-tuned on these examples plus the first stage's
+answer turns (gold) with the same settings ([`~trl_ext.models.warmup.format_warmup`]).
 
 The sampled examples are cached like the checkpoints ([`~trl_ext.models.cache.build_once`]): keyed by the first
 stage's checkpoint, the rows, `k`, the seed and the parsing, sampled once in a child process outside the job's
@@ -60,7 +61,8 @@ def agreement_confidence_examples(
     `seed` and the row's index), not the most common ones: keeping the mode would teach mostly the shares of the
     answers the model gives most (the greedy one's), while RL, sampling at temperature 1, asks for a confidence after
     its minority answers too; a uniform draw covers both ends of the scale. The cap keeps the stage about as long as
-    the first (at most `max_answers_per_row` examples per row, where the first has two per row).
+    the first: with the answer turn trained beside them, at most 1 + `max_answers_per_row` examples per row, where the
+    first has two per row.
     """
     if max_answers_per_row < 1:
         raise ValueError(f"max_answers_per_row must be at least 1 (got {max_answers_per_row}).")

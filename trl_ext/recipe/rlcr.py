@@ -87,11 +87,12 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             How the warm-up's stated confidences are drawn (never from the question): `"weighted"`, mostly high as
             instruction-tuned models state confidence; `"uniform"`, every tenth equally likely, so that RL starts
             from spread confidences (siblings that differ, hence confidence advantages) rather than from a habit;
-            `"agreement"`, the model's own sampling agreement distilled into the stated confidence (no gold answers
-            needed): after the `"weighted"` warm-up, `warmup_agreement_samples` answers are sampled per warm-up row at
-            temperature 1, and a second warm-up of the same settings trains the confidence turn to state, for up to
-            two of the distinct answers sampled, the share of the samples that gave it (see
-            [`~trl_ext.models.agreement_warmup`]); the samples are drawn once and cached.
+            `"agreement"`, the model's own sampling agreement distilled into the stated confidence: after the
+            `"weighted"` warm-up (the same rows, with gold answers), `warmup_agreement_samples` answers are sampled
+            per warm-up row at temperature 1, and a second warm-up of the same settings trains the confidence turn to
+            state, for up to two of the distinct answers sampled, the share of the samples that gave it, beside the
+            first stage's answer turns (gold) again (see [`~trl_ext.models.agreement_warmup`]); the samples are drawn
+            once and cached.
         warmup_agreement_samples (`int`, *optional*, defaults to `8`):
             Answers sampled per warm-up row at temperature 1 by `warmup_confidences="agreement"` (its stated
             confidences are multiples of 1/k rounded to a tenth). Unused by the other draws.
@@ -118,7 +119,8 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         default="weighted",
         metadata={
             "help": "Draw of the warm-up's stated confidences: 'weighted' (mostly high), 'uniform', or 'agreement' "
-            "(then a second warm-up on the share of sampled answers agreeing with each answer).",
+            "(then a second warm-up on the share of sampled answers agreeing with each answer, beside the first "
+            "warm-up's gold answer turns).",
             "choices": ["weighted", "uniform", "agreement"],
         },
     )
@@ -483,9 +485,9 @@ def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> d
     confidence turns stating the share of `--warmup_agreement_samples` sampled answers that agree with each answer
     (sampled once and cached), beside the first stage's `answer_turns` again. Without them the stage trained only
     confidence turns, most of them stating 0.1, and that reached the answer turn through the shared weights: the
-    embedded default then answered `<answer>0.1</answer>` (0 of 200 tune questions right). Returns its report: the checkpoint, what was sampled, the examples' stated
-    confidences (`shares`: examples per value) and the seconds this call took (`sampling_seconds`: the sampling's
-    when it ran, possibly in an earlier run)."""
+    embedded default then answered `<answer>0.1</answer>` (0 of 200 tune questions right). Returns its report: the
+    checkpoint, what was sampled, the examples' stated confidences (`shares`: examples per value) and the seconds
+    this call took (`sampling_seconds`: the sampling's when it ran, possibly in an earlier run)."""
     started = time.monotonic()
     built = agreement_examples(
         stage1,
