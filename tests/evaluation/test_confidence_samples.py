@@ -7,7 +7,7 @@ import json
 import pytest
 from datasets import Dataset
 
-import trl_ext.evaluation.confidence_samples as confidence_samples
+import trl_ext.evaluation.agreement as agreement
 import trl_ext.evaluation.rlcr as rlcr
 from trl_ext.data import graded_arithmetic
 from trl_ext.evaluation.confidence_samples import mean_confidence
@@ -58,7 +58,7 @@ def test_no_mean_column_without_samples():
 def test_evaluation_samples_k_confidences_on_the_greedy_confidence_prompt(tmp_path, monkeypatch):
     model, tokenizer = tiny_causal_lm(seed=3, initializer_range=0.5)
     greedy_prompts, sampled_prompts = [], []
-    greedy, sample = rlcr.greedy_completions, confidence_samples.sampled_completions
+    greedy, sample = rlcr.greedy_completions, agreement.sampled_completions
 
     def recording_greedy(model, tokenizer, prompts, *args):
         greedy_prompts.append(prompts)
@@ -69,7 +69,7 @@ def test_evaluation_samples_k_confidences_on_the_greedy_confidence_prompt(tmp_pa
         return sample(model, tokenizer, prompts, *args, **kwargs)
 
     monkeypatch.setattr(rlcr, "greedy_completions", recording_greedy)
-    monkeypatch.setattr(confidence_samples, "sampled_completions", recording_sample)
+    monkeypatch.setattr(agreement, "sampled_completions", recording_sample)
     args = cpu_test_args(
         tmp_path, RLCRMultiTurnConfig, max_completion_length=5, max_confidence_length=3, lenient_parsing=True
     )
@@ -133,7 +133,7 @@ def test_recipe_evaluation_reports_the_mean_of_k_beside_the_greedy_confidence(tm
             replies.append([tokenizer.encode(reply) + [tokenizer.eos_token_id] for reply in SAMPLED[answer][:k]])
         return replies
 
-    monkeypatch.setattr(confidence_samples, "sampled_completions", scripted_samples)
+    monkeypatch.setattr(agreement, "sampled_completions", scripted_samples)
     with ScriptedGeneration(trainer, script) as gen:
         result = heldout_evaluation(trainer, evaluation, "after", confidence_samples=3)
 

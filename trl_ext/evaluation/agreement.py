@@ -7,7 +7,8 @@ is reported in generated tokens, so that a stated confidence (one short second t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -53,6 +54,39 @@ def sampled_completions(
     return [completions[i * k : (i + 1) * k] for i in range(len(prompts))]
 
 
+def sampled_parses(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    k: int,
+    max_new_tokens: int,
+    parse: Callable[[str], Any],
+    batch_size: int = 16,
+    seed: int = 0,
+    progress: str | None = None,
+) -> tuple[list[list[Any]], int]:
+    """Per prompt (token ids), `parse` applied to each of `k` completions sampled at temperature 1 (decoded without
+    special tokens), and the number of tokens the completions generated. Prompts go `batch_size` at a time, each
+    batch seeded with `seed` plus its first prompt's index, in eval mode; `progress` names a progress bar if given."""
+    starts = range(0, len(prompts), batch_size)
+    if progress is not None:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc=progress)
+    was_training = model.training
+    model.eval()
+    parsed, tokens = [], 0
+    try:
+        for start in starts:
+            batch = prompts[start : start + batch_size]
+            for completions in sampled_completions(model, tokenizer, batch, k, max_new_tokens, seed=seed + start):
+                tokens += sum(len(c) for c in completions)
+                parsed.append([parse(tokenizer.decode(c, skip_special_tokens=True)) for c in completions])
+    finally:
+        model.train(was_training)
+    return parsed, tokens
+
+
 def sampling_agreement(
     model,
     tokenizer,
@@ -68,20 +102,18 @@ def sampling_agreement(
     """Per prompt (token ids, rendered as for the greedy answer), the share of `k` answers sampled at temperature 1
     that agree with its greedy reply `greedy_answers[i]` (text; answers parsed with `answer_tag`/`lenient`), and
     the number of tokens the samples generated (their cost)."""
-    was_training = model.training
-    model.eval()
-    shares, tokens = [], 0
-    try:
-        for start in range(0, len(prompts), batch_size):
-            batch = prompts[start : start + batch_size]
-            samples = sampled_completions(model, tokenizer, batch, k, max_new_tokens, seed=seed + start)
-            for greedy, completions in zip(greedy_answers[start : start + batch_size], samples):
-                tokens += sum(len(c) for c in completions)
-                parsed = [
-                    extract_answer(tokenizer.decode(c, skip_special_tokens=True), answer_tag, lenient)
-                    for c in completions
-                ]
-                shares.append(agreement_share(extract_answer(greedy, answer_tag, lenient), parsed))
-    finally:
-        model.train(was_training)
+    parsed, tokens = sampled_parses(
+        model,
+        tokenizer,
+        prompts,
+        k,
+        max_new_tokens,
+        lambda text: extract_answer(text, answer_tag, lenient),
+        batch_size=batch_size,
+        seed=seed,
+    )
+    shares = [
+        agreement_share(extract_answer(greedy, answer_tag, lenient), samples)
+        for greedy, samples in zip(greedy_answers, parsed)
+    ]
     return shares, tokens

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..rewards import extract_confidence
-from .agreement import sampled_completions
+from .agreement import sampled_parses
 
 
 def mean_confidence(values: Sequence[float | None]) -> float | None:
@@ -37,20 +37,13 @@ def sampled_confidences(
     """Per confidence-turn prompt (token ids: question, greedy answer and confidence question), the confidences
     parsed from `k` replies sampled at temperature 1 (`None`: unparsable; `confidence_tag`/`lenient` as training
     parses them), seeded with `seed` (+ the batch's start), and the number of tokens the replies generated."""
-    was_training = model.training
-    model.eval()
-    values, tokens = [], 0
-    try:
-        for start in range(0, len(prompts), batch_size):
-            batch = prompts[start : start + batch_size]
-            for replies in sampled_completions(model, tokenizer, batch, k, max_new_tokens, seed=seed + start):
-                tokens += sum(len(reply) for reply in replies)
-                values.append(
-                    [
-                        extract_confidence(tokenizer.decode(reply, skip_special_tokens=True), confidence_tag, lenient)
-                        for reply in replies
-                    ]
-                )
-    finally:
-        model.train(was_training)
-    return values, tokens
+    return sampled_parses(
+        model,
+        tokenizer,
+        prompts,
+        k,
+        max_new_tokens,
+        lambda text: extract_confidence(text, confidence_tag, lenient),
+        batch_size=batch_size,
+        seed=seed,
+    )

@@ -33,6 +33,8 @@ from .warmup import _DISTRIBUTED_ENV, _base_fingerprint, _short_name
 # Bump when the sampling or the example builder changes, so cached examples are rebuilt instead of reused.
 _BUILD_FORMAT = 1
 EXAMPLES_FILE = "examples.json"
+# About this many sampled rows (prompts times `k`) per generation call.
+SAMPLED_ROWS_PER_CALL = 200
 
 
 def tenths(count: int, k: int) -> float:
@@ -111,16 +113,14 @@ def sample_answers(
     confidence_prompt: str,
     chat_template_kwargs: dict | None = None,
     use_cpu: bool = False,
-    batch_size: int | None = None,
 ) -> tuple[list[list[str | None]], int]:
     """`k` answers per conversational prompt sampled at temperature 1 from `checkpoint` (parsed with `answer_tag`,
     `None`: unparsable), rendered as the RLCR evaluation renders its answer turn, and the tokens generated."""
     import torch
-    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..core.turns import follow_up_turn
-    from ..evaluation.agreement import sampled_completions
+    from ..evaluation.agreement import sampled_parses
     from ..rewards import extract_answer
 
     kwargs = chat_template_kwargs or {}
@@ -138,21 +138,17 @@ def sample_answers(
         ]
         for p in prompts
     ]
-    batch_size = batch_size or max(1, 200 // k)  # about 200 sampled rows per generation call
-    answers, tokens = [], 0
-    for start in tqdm(range(0, len(ids), batch_size), desc="agreement warm-up sampling"):
-        batch = sampled_completions(
-            model, tokenizer, ids[start : start + batch_size], k, max_new_tokens, seed=seed + start
-        )
-        for completions in batch:
-            tokens += sum(len(c) for c in completions)
-            answers.append(
-                [
-                    extract_answer(tokenizer.decode(c, skip_special_tokens=True), answer_tag, lenient)
-                    for c in completions
-                ]
-            )
-    return answers, tokens
+    return sampled_parses(
+        model,
+        tokenizer,
+        ids,
+        k,
+        max_new_tokens,
+        lambda text: extract_answer(text, answer_tag, lenient),
+        batch_size=max(1, SAMPLED_ROWS_PER_CALL // k),
+        seed=seed,
+        progress="agreement warm-up sampling",
+    )
 
 
 def agreement_examples(
