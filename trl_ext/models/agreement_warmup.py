@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..rewards.parsing import normalize_answer
 from .cache import build_once, cache_root
-from .warmup import _DISTRIBUTED_ENV, _base_fingerprint, _short_name
+from .warmup import _base_fingerprint, _short_name, run_module_in_child
 
 
 # Bump when the sampling or the example builder changes, so cached examples are rebuilt instead of reused.
@@ -209,26 +209,13 @@ def agreement_examples(
 def _sample_in_child(spec: dict, out: Path) -> None:
     """Run [`_build`] as `python -m trl_ext.models.agreement_warmup`, as the format warm-up trains: without the job's
     distributed environment, with every core (the other ranks wait on the lock)."""
-    import subprocess
-    import sys
-
-    spec_file = out / ".agreement-spec.json"
-    spec_file.write_text(json.dumps(spec))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in (*_DISTRIBUTED_ENV, "OMP_NUM_THREADS") and not k.startswith("ACCELERATE_")
-    }
-    try:
-        cmd = [sys.executable, "-m", "trl_ext.models.agreement_warmup", str(spec_file), str(out)]
-        subprocess.run(cmd, env=env, check=True)
-    except subprocess.CalledProcessError as error:
-        raise RuntimeError(
-            f"sampling the agreement warm-up from {spec['stage1']} failed (exit status {error.returncode}); its "
-            "output above says why."
-        ) from None
-    finally:
-        spec_file.unlink(missing_ok=True)
+    run_module_in_child(
+        "trl_ext.models.agreement_warmup",
+        spec,
+        out / ".agreement-spec.json",
+        out,
+        failure=f"sampling the agreement warm-up from {spec['stage1']} failed",
+    )
 
 
 def _build(spec: dict, out: Path) -> None:

@@ -208,11 +208,22 @@ _DISTRIBUTED_ENV = (
 
 def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: Path) -> None:
     """Run [`_train`] as `python -m trl_ext.models.warmup` without the job's distributed environment (its output shows)."""
+    run_module_in_child(
+        "trl_ext.models.warmup",
+        {"base_model": base_model, "examples": examples, "settings": settings},
+        out / ".warmup-spec.json",
+        out,
+        failure=f"format warm-up of {base_model} failed",
+    )
+
+
+def run_module_in_child(module: str, spec: dict, spec_file: Path, out: Path, *, failure: str) -> None:
+    """Run `python -m module spec_file out` with `spec` written to `spec_file` (removed afterwards), without the
+    job's distributed environment; its output shows. A failure raises `RuntimeError` starting with `failure`."""
     import subprocess
     import sys
 
-    spec = out / ".warmup-spec.json"
-    spec.write_text(json.dumps({"base_model": base_model, "examples": examples, "settings": settings}))
+    spec_file.write_text(json.dumps(spec))
     # The other ranks wait on the lock meanwhile, so the build may use every core: `accelerate launch` on CPU sets
     # OMP_NUM_THREADS=1 for the job's processes.
     env = {
@@ -221,13 +232,11 @@ def _train_in_child(base_model: str, examples: list[dict], settings: dict, out: 
         if k not in (*_DISTRIBUTED_ENV, "OMP_NUM_THREADS") and not k.startswith("ACCELERATE_")
     }
     try:
-        subprocess.run([sys.executable, "-m", "trl_ext.models.warmup", str(spec), str(out)], env=env, check=True)
+        subprocess.run([sys.executable, "-m", module, str(spec_file), str(out)], env=env, check=True)
     except subprocess.CalledProcessError as error:
-        raise RuntimeError(
-            f"format warm-up of {base_model} failed (exit status {error.returncode}); its output above says why."
-        ) from None
+        raise RuntimeError(f"{failure} (exit status {error.returncode}); its output above says why.") from None
     finally:
-        spec.unlink(missing_ok=True)
+        spec_file.unlink(missing_ok=True)
 
 
 def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> None:
