@@ -235,14 +235,7 @@ def calibration_evaluation(
     what the samples cost)."""
     judged = [r for r in rows if r["correct"] is not None]
     parsed = [r for r in judged if r["confidence"] is not None]
-    grouped = any(r.get("group") is not None for r in parsed)
-    report = calibration_report(
-        [r["confidence"] for r in parsed],
-        [int(r["correct"]) for r in parsed],
-        groups=[r.get("group") for r in parsed] if grouped else None,
-        intervals=intervals,
-        seed=seed,
-    )
+    report = _column_report(parsed, "confidence", intervals, seed)
     n = max(len(judged), 1)
     agreed = [r for r in judged if r.get("agreement") is not None]
     agreement_report = _column_report(agreed, "agreement", intervals, seed) if agreed else None
