@@ -31,6 +31,7 @@ from pathlib import Path
 from common import results_dir, write_result
 
 from trl_ext.evaluation.records import read_jsonl
+from trl_ext.evaluation.rlcr import MEAN_OF_K
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,6 @@ METRICS = (
     "intervals",
 )
 # The stated confidence's mean of k samples (`--confidence_samples k` after `--`), a second column beside the greedy one
-MEAN_OF_K = "stated_confidence_mean_of_k"
 MEAN_OF_K_METRICS = (
     "n",
     "accuracy",

@@ -86,7 +86,7 @@ from trl_ext.data import graded_arithmetic
 from trl_ext.evaluation.agreement import sampled_completions, sampling_agreement
 from trl_ext.evaluation.greedy import greedy_completions
 from trl_ext.evaluation.records import prompt_text
-from trl_ext.evaluation.rlcr import calibration_evaluation, evaluate_calibration
+from trl_ext.evaluation.rlcr import MEAN_OF_K, calibration_evaluation, evaluate_calibration
 from trl_ext.models.logprob_tiles import CPULogprobTiles
 from trl_ext.models.warmup import rlcr_format_examples
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
@@ -513,7 +513,6 @@ def calibration(
 
 
 POINT_METRICS = ("ece", "brier", "auroc", "brier_skill", "auroc_within_groups", "brier_skill_groups")
-MEAN_OF_K = "stated_confidence_mean_of_k"  # the stated confidence's mean of k samples (final evaluation)
 
 
 def _evaluation_point(result, final: bool) -> dict:

@@ -25,6 +25,10 @@ from .greedy import greedy_completions
 from .records import DEFAULT_GROUP_COLUMN, prompt_text
 
 
+# The report's key for the stated confidence's mean of k samples (`mean_report`), as the benchmarks read it.
+MEAN_OF_K = "stated_confidence_mean_of_k"
+
+
 @dataclass
 class CalibrationEvaluation:
     """The report over answers with a parsable confidence, plus what happened on every row."""
@@ -72,7 +76,7 @@ class CalibrationEvaluation:
             ),
             **(
                 {
-                    "stated_confidence_mean_of_k": {
+                    MEAN_OF_K: {
                         **self.mean_report.to_dict(),
                         "confidence_parse_fail_rate": self.mean_parse_fail_rate,
                         **(self.mean_cost or {}),
