@@ -544,6 +544,12 @@ def with_system_prompt(dataset, system_prompt):
     )
 
 
+def _spread(values: list) -> dict | None:
+    """The mean, min and max of `values` without the missing ones (`None`, NaN); `None` when none is left."""
+    values = [v for v in values if v is not None and v == v]
+    return {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
+
+
 def calibration_summary(runs: dict, tokens: dict) -> dict:
     """Final held-out figures per method (mean, min, max over seeds), the generated tokens per method and seed, and,
     when both methods ran, the per-seed differences and whether multi-turn's AUROC within levels is at least
@@ -551,20 +557,13 @@ def calibration_summary(runs: dict, tokens: dict) -> dict:
     summary = {}
     for name, seeded in runs.items():
         for key in ("accuracy", "parse_fail_rate", *POINT_METRICS):
-            values = [run["points"][-1][key] for run in seeded]
-            values = [v for v in values if v is not None and v == v]
-            summary.setdefault(name, {})[key] = (
-                {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
-            )
+            summary.setdefault(name, {})[key] = _spread([run["points"][-1][key] for run in seeded])
         summary[name]["generated_tokens"] = {str(run["seed"]): run["points"][-1]["generated_tokens"] for run in seeded}
         means = [run["points"][-1][MEAN_OF_K] for run in seeded if MEAN_OF_K in run["points"][-1]]
         if means:
-            summary[name][MEAN_OF_K] = {}
-            for key in ("auroc", "auroc_within_groups", "brier_skill"):
-                values = [m[key] for m in means if m[key] is not None and m[key] == m[key]]
-                summary[name][MEAN_OF_K][key] = (
-                    {"mean": statistics.mean(values), "min": min(values), "max": max(values)} if values else None
-                )
+            summary[name][MEAN_OF_K] = {
+                key: _spread([m[key] for m in means]) for key in ("auroc", "auroc_within_groups", "brier_skill")
+            }
     if set(runs) != {"multi_turn", "single_turn"}:
         return summary
     pairs = list(zip(runs["multi_turn"], runs["single_turn"]))
