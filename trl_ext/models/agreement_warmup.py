@@ -189,11 +189,11 @@ def agreement_examples(
         "lenient": bool(lenient),
         "chat_template_kwargs": chat_template_kwargs or {},
         "max_answers_per_row": int(max_answers_per_row),
-        "use_cpu": bool(use_cpu),
     }
     payload = {"format": _BUILD_FORMAT, "base": _base_fingerprint(stage1), **spec}
-    payload.pop("use_cpu")  # where the samples were drawn does not make them other examples
     key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+    # Where the samples are drawn does not make them other examples: `use_cpu` is left out of the key.
+    spec = {**spec, "use_cpu": bool(use_cpu)}
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "warmup-agreement"
     target = root / f"{_short_name(stage1)}-{key[:16]}"
     path = build_once(

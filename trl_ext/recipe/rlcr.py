@@ -473,7 +473,8 @@ def warm_up(model_path, train, script_args, training_args):
     path, seconds = script_args.build_warmup(model_path, examples, training_args)
     report = {"model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds}
     if agreement:
-        answer_turns = examples[::2]  # rlcr_format_examples: each row's answer turn, then its confidence turn
+        # The answer turns: the examples whose prompt holds no assistant message yet (the others are confidence turns).
+        answer_turns = [e for e in examples if all(m["role"] != "assistant" for m in e["prompt"])]
         report["agreement"] = agreement_stage(path, rows, answer_turns, script_args, training_args)
         path = report["model"] = report["agreement"]["model"]
         report["seconds"] += report["agreement"]["seconds"]
