@@ -55,16 +55,21 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "t
 
 
 def git_commit() -> str | None:
-    """The checkout's commit, with `-dirty` when tracked files differ from it. Outside a git checkout (a copy of the
-    tree on a GPU machine, without `.git`): `$TRL_EXT_COMMIT`, the commit the copy was made from, if set; else None."""
+    """The checkout's commit, with `-dirty` when tracked files outside `benchmarks/results/` differ from it. Outside a
+    git checkout (a copy of the tree on a GPU machine, without `.git`): `$TRL_EXT_COMMIT`, the commit the copy was made
+    from, if set; else None."""
     if not (ROOT / ".git").exists():
         return os.environ.get("TRL_EXT_COMMIT") or None
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # the results folder left out: the benchmarks rewrite its files, so a run after another would read dirty
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
