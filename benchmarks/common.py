@@ -57,16 +57,16 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "t
 def git_commit() -> str | None:
     """`$TRL_EXT_COMMIT` when set: the commit a copy of the tree was made from, named by whoever copied it (a GPU
     machine's copy may carry no `.git`, or a stale one: runs there recorded the session's first commit, `-dirty`,
-    for a tree several commits later). Else the checkout's commit, with `-dirty` when tracked files differ from it;
-    None outside a git checkout."""
+    for a tree several commits later). Else the checkout's commit, with `-dirty` when tracked files outside
+    `benchmarks/results/` differ from it; None outside a git checkout."""
     if os.environ.get("TRL_EXT_COMMIT"):
         return os.environ["TRL_EXT_COMMIT"]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # the results folder left out: the benchmarks rewrite its files, so a run after another would read dirty
         dirty = subprocess.run(
-            # the results folder excluded: a benchmark that writes its plot before its JSON would call itself dirty
             ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
             cwd=ROOT,
             capture_output=True,

@@ -20,15 +20,26 @@ from trl_ext.rewards import normalize_answer
 from trl_ext.rewards import verify as verify_module
 
 
-HOSTILE = [("\\log(5+e)", "1000000"), ("10", "\\sin(128x)"), ("7", "\\sin(x+1)^{60}"), ("42", "(x+y+z+w)^{60}")]
 COUNTS = [1, 2, 4, 8]
 DEPTHS = [1_000, 4_000, 16_000, 64_000]
 RESULTS = results_dir()
 
 
+def hostile_pairs(n: int) -> list[tuple[str, str]]:
+    """`n` distinct hostile pairs: four kinds in turn, the k-th of a kind with its constants shifted by k (the verifier
+    checks each distinct pair once, so a repeated pair would cost nothing)."""
+    kinds = [
+        lambda k: ("\\log(5+e)", str(1_000_000 + k)),
+        lambda k: ("10", f"\\sin({128 + k}x)"),
+        lambda k: ("7", f"\\sin(x+1)^{{{60 + k}}}"),
+        lambda k: ("42", f"(x+y+z+w)^{{{60 + k}}}"),
+    ]
+    return [kinds[i % len(kinds)](i // len(kinds)) for i in range(n)]
+
+
 def batch_seconds(n: int, batch_timeout: float) -> tuple[float, int]:
     verify_module.VERIFY_BATCH_TIMEOUT_S = batch_timeout
-    pairs = [HOSTILE[i % len(HOSTILE)] for i in range(n)]
+    pairs = hostile_pairs(n)
     start = time.perf_counter()
     _, unverified = verify_module.verify_answers_counted(pairs)
     return time.perf_counter() - start, unverified

@@ -79,7 +79,8 @@ def test_verify_bench_writes_its_provenance(tmp_path, monkeypatch):
     from trl_ext.rewards import verify as verify_module
 
     monkeypatch.setattr(verify_bench, "RESULTS", tmp_path)
-    monkeypatch.setattr(verify_bench, "HOSTILE", [("1/2", "0.5")])  # quick pairs: the writer is under test
+    assert len(set(verify_bench.hostile_pairs(8))) == 8  # distinct: the verifier checks a repeated pair once
+    monkeypatch.setattr(verify_bench, "hostile_pairs", lambda n: [("1/2", "0.5")] * n)  # quick: the writer is tested
     monkeypatch.setattr(verify_bench, "COUNTS", [1])
     monkeypatch.setattr(verify_bench, "DEPTHS", [10])
     monkeypatch.setattr(verify_module, "VERIFY_BATCH_TIMEOUT_S", verify_module.VERIFY_BATCH_TIMEOUT_S)
@@ -88,3 +89,20 @@ def test_verify_bench_writes_its_provenance(tmp_path, monkeypatch):
     assert result["hostile_batch"]["rows"][0]["unverified"] == 0 and result["nested_boxed"][0]["depth"] == 10
     assert {"commit", "packages", "device", "command", "seeds"} <= set(result["provenance"])
     assert (tmp_path / "verify_bounds.png").exists()
+
+
+def test_rewritten_results_do_not_make_the_commit_dirty(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "x")
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text('{"x": 1}')  # an earlier benchmark's output
+    assert len(common.git_commit()) == 40
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert common.git_commit().endswith("-dirty")
