@@ -30,37 +30,19 @@ from pathlib import Path
 
 from common import results_dir, write_result
 
+from trl_ext.evaluation.calibration import INTERVAL_METRICS
 from trl_ext.evaluation.records import read_jsonl
 from trl_ext.evaluation.rlcr import MEAN_OF_K
 
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = results_dir()
-METRICS = (
-    "accuracy",
-    "ece",
-    "brier",
-    "auroc",
-    "brier_skill",
-    "auroc_within_groups",
-    "brier_skill_groups",
-    "mean_confidence",
-    "confidence_parse_fail_rate",
-    "accuracy_all_interval",
-    "intervals",
-)
+_CALIBRATION = (*INTERVAL_METRICS, "mean_confidence", "confidence_parse_fail_rate")
+METRICS = (*_CALIBRATION, "accuracy_all_interval", "intervals")
 # The stated confidence's mean of k samples (`--confidence_samples k` after `--`), a second column beside the greedy one
 MEAN_OF_K_METRICS = (
     "n",
-    "accuracy",
-    "ece",
-    "brier",
-    "auroc",
-    "brier_skill",
-    "auroc_within_groups",
-    "brier_skill_groups",
-    "mean_confidence",
-    "confidence_parse_fail_rate",
+    *_CALIBRATION,
     "sample_parse_fail_rate",
     "samples_per_question",
     "generated_tokens",

@@ -31,12 +31,12 @@ def sampled_confidences(
     max_new_tokens: int,
     confidence_tag: str = "confidence",
     lenient: bool = False,
-    batch_size: int = 16,
+    rows_per_call: int = 128,
     seed: int = 0,
 ) -> tuple[list[list[float | None]], int]:
     """Per confidence-turn prompt (token ids: question, greedy answer and confidence question), the confidences
     parsed from `k` replies sampled at temperature 1 (`None`: unparsable; `confidence_tag`/`lenient` as training
-    parses them), seeded with `seed` (+ the batch's start), and the number of tokens the replies generated."""
+    parses them), seeded with `seed` (+ the call's first prompt index; about `rows_per_call` rows per call), and the number of tokens the replies generated."""
     return sampled_parses(
         model,
         tokenizer,
@@ -44,6 +44,6 @@ def sampled_confidences(
         k,
         max_new_tokens,
         lambda text: extract_confidence(text, confidence_tag, lenient),
-        batch_size=batch_size,
+        rows_per_call=rows_per_call,
         seed=seed,
     )

@@ -162,9 +162,7 @@ def evaluate_calibration(
                 args.max_completion_length,
                 args.answer_tag,
                 args.lenient_parsing,
-                # k rows per prompt: a batch's prompts in calls of about `batch_size` rows (1600 rows in one call of
-                # 200 prompts x 8 held 13.6 GB of a GPU for a 135M model)
-                batch_size=max(1, batch_size // agreement_samples),
+                rows_per_call=batch_size,
                 seed=args.seed + start,
             )
             sampled_tokens += tokens
@@ -178,7 +176,7 @@ def evaluate_calibration(
                 args.max_confidence_length,
                 args.confidence_tag,
                 args.lenient_parsing,
-                batch_size=max(1, batch_size // confidence_samples),
+                rows_per_call=batch_size,
                 seed=args.seed + start,
             )
             confidence_tokens += tokens

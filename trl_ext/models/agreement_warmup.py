@@ -145,7 +145,7 @@ def sample_answers(
         k,
         max_new_tokens,
         lambda text: extract_answer(text, answer_tag, lenient),
-        batch_size=max(1, SAMPLED_ROWS_PER_CALL // k),
+        rows_per_call=SAMPLED_ROWS_PER_CALL,
         seed=seed,
         progress="agreement warm-up sampling",
     )

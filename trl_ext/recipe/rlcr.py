@@ -327,7 +327,7 @@ def add_sampling_agreement(trainer, evaluation, rows, k) -> dict:
         args.max_completion_length,
         args.answer_tag,
         args.lenient_parsing,
-        batch_size=max(1, args.per_device_eval_batch_size // k),  # about a held-out batch of rows per call
+        rows_per_call=args.per_device_eval_batch_size,
         seed=args.seed,
     )
     for row, share in zip(rows, shares, strict=True):
@@ -352,7 +352,7 @@ def add_confidence_samples(trainer, rows, k) -> dict:
         args.max_confidence_length,
         args.confidence_tag,
         args.lenient_parsing,
-        batch_size=max(1, args.per_device_eval_batch_size // k),  # about a held-out batch of rows per call
+        rows_per_call=args.per_device_eval_batch_size,
         seed=args.seed,
     )
     for row, sampled in zip(rows, values, strict=True):
