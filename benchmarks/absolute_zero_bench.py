@@ -1,6 +1,6 @@
 """AbsoluteZero benchmarks on the embedded default (SmolLM2-135M-Instruct), CPU.
 
-    python benchmarks/absolute_zero_bench.py overhead   # step time vs plain GRPOTrainer on the same generated tokens
+    python benchmarks/absolute_zero_bench.py overhead   # step time vs plain GRPO on the same generated tokens
     python benchmarks/absolute_zero_bench.py curves     # generation calls/tokens and learnable ratio per step,
                                                         # held-out solver accuracy before and after, 3 seeds
     python benchmarks/absolute_zero_bench.py curves --task code   # the same for code reasoning self-play
@@ -11,9 +11,12 @@ recipe's held-out plot as absolute_zero[_code]_heldout.png.
 
 overhead: both trainers get scripted completions of one fixed length, so generation cost is identical by
 construction and excluded; the ratio measures what self-play adds per step around generation (scoring every
-question's responses, the learnability filter, two TRL batch builds) at equal generated tokens. Both trainers are
-built once and run one step each in turn (A B A B ...), so load on a shared machine lands on both alike; min, median
-and spread of `step_time` after one warm-up step, and the ratios of the medians and of the mins.
+question's responses, the learnability filter, two TRL batch builds) at equal generated tokens. GRPO runs twice: as
+TRL ships it (`grpo`; on CPU its fused LM head scores every prompt position) and on the trainers' CPU log-prob path
+(`grpo_cpu_tiles`, which AbsoluteZeroTrainer uses): the ratio to the first is what a user sees, to the second what
+self-play's algorithm costs. The trainers are built once and run one step each in turn (A B C A B C ...), so load on
+a shared machine lands on all alike; min, median and spread of `step_time` after one warm-up step, and the ratios of
+the medians and of the mins to each GRPO.
 
 curves: the recipe's CPU config of the family (real generation, lenient parsing), for its own number of steps unless
 --steps is given, once per seed in `--seeds` (3 or more; the seed draws the seed prompts' order, the samples and the
@@ -38,6 +41,7 @@ from pathlib import Path
 
 from _stats import bootstrap_interval, normalise_question, paired_difference_interval
 from common import (
+    GRPO_BASELINES,
     ROOT,
     fixed_length,
     interleaved_step_times,
@@ -48,7 +52,7 @@ from common import (
     summarize,
     write_result,
 )
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
+from trl import ModelConfig, TrlParser
 
 from trl_ext.recipe import plot_learning_curves
 from trl_ext.recipe.absolute_zero import AbsoluteZeroScriptArguments
@@ -107,45 +111,47 @@ def overhead(steps: int) -> dict:
     )
     generated = prompts * (k + k * g) * length
 
-    # Plain GRPO generating the same number of tokens: prompts * (K + K * G) completions of the same length.
+    # Plain GRPO generating the same number of tokens: prompts * (K + K * G) completions of the same length; as TRL
+    # ships it, and on the trainers' CPU log-prob path (which AbsoluteZeroTrainer uses).
     rows = prompts * (k + k * g)
-    model, tok = load_model()
-    args = cpu_test_args(
-        tempfile.mkdtemp(),
-        GRPOConfig,
-        per_device_train_batch_size=rows,
-        num_generations=rows // 2,
-        reward_weights=[1.0, 0.5],
-        **common,
-    )
     data = seed_prompts(64, 0).map(lambda row: {"solution": "2"})
-    grpo = GRPOTrainer(
-        model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data, processing_class=tok
-    )
+    runs = {}
+    for name, (trainer_cls, config_cls) in GRPO_BASELINES.items():
+        model, tok = load_model()
+        args = cpu_test_args(
+            tempfile.mkdtemp(),
+            config_cls,
+            per_device_train_batch_size=rows,
+            num_generations=rows // 2,
+            reward_weights=[1.0, 0.5],
+            **common,
+        )
+        grpo = trainer_cls(
+            model=model, reward_funcs=task.reward_funcs, args=args, train_dataset=data, processing_class=tok
+        )
+        runs[name] = (grpo, ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2]))
+    runs["absolute_zero"] = (az, ScriptedGeneration(az, self_play))
 
     load_before = machine_load()
-    times = interleaved_step_times(
-        {
-            "grpo": (grpo, ScriptedGeneration(grpo, lambda p, j: answers["1+1"][j % 2])),
-            "absolute_zero": (az, ScriptedGeneration(az, self_play)),
-        }
-    )
-    summary = summarize(times, baseline="grpo")
-    ratios = summary["absolute_zero"]["vs_grpo"]
+    times = interleaved_step_times(runs)
+    summary = summarize(times)
     return {
         "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU",
         "generated_tokens_per_step": generated,
         "absolute_zero_rows_trained_per_step": prompts * g + prompts,
         "grpo_rows_trained_per_step": rows,
         "measured_steps": steps,
-        "order": "interleaved: one step of grpo, then one of absolute_zero, ...; warm-up dropped",
+        "order": "interleaved: one step of grpo, grpo_cpu_tiles, absolute_zero in turn; warm-up dropped",
         "machine_load_before": load_before,
         "machine_load_after": machine_load(),
         "absolute_zero_generation_calls_per_step": az.state.log_history[0]["generation/calls"],
         "step_times": summary,
         # Self-play trains fewer rows than it generates (one question's responses per prompt, one proposal): per
         # trained row, the cost of the filter and the extra scoring shows.
-        "ratio_of_medians_per_trained_row": ratios["ratio_of_medians"] * rows / (prompts * g + prompts),
+        "ratio_of_medians_per_trained_row": {
+            baseline: summary["absolute_zero"]["vs_" + baseline]["ratio_of_medians"] * rows / (prompts * g + prompts)
+            for baseline in GRPO_BASELINES
+        },
     }
 
 
@@ -328,13 +334,12 @@ def main():
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
         result, name = overhead(args.steps or 4), "absolute_zero_overhead"
-        seeds = [0]  # both trainers: cpu_test_args' seed
+        seeds = [0]  # every trainer: cpu_test_args' seed
         panel = f"equal generated tokens ({result['generated_tokens_per_step']} per step)"
         plot_step_times(
             {panel: result["step_times"]},
-            "grpo",
             RESULTS / f"{name}.png",
-            "Absolute Zero vs GRPOTrainer, interleaved steps",
+            "Absolute Zero vs GRPOTrainer (as TRL ships it; on the CPU log-prob path), interleaved steps",
         )
     else:
         steps = args.steps or (2 if args.quick else None)

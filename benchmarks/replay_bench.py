@@ -1,20 +1,22 @@
 """ReplayGRPOTrainer benchmarks on the embedded default (SmolLM2-135M-Instruct, graded arithmetic), CPU (curves: a GPU
 where there is one).
 
-    python benchmarks/replay_bench.py overhead    # step time before replay starts vs plain GRPOTrainer
+    python benchmarks/replay_bench.py overhead    # step time before replay starts vs plain GRPO
     python benchmarks/replay_bench.py curves      # accuracy per step with and without replay, 3 seeds
     python benchmarks/replay_bench.py curves --levels 4 5   # the same on the hardest levels (rare successes)
     python benchmarks/replay_bench.py curves --quick        # 4 steps, 32 questions: a pipeline check
 
 Results: benchmarks/results/replay_<part>.json and .png.
 
-overhead: GRPOTrainer and ReplayGRPOTrainer with replay not yet started (it never starts in this run) train on the
-same prompts from the same seed with real generation, so both sample the same completions; the replay trainer also
-collects (log-probs and entropies of the successful rows, buffer update). Both trainers are built once and run one
-step each in turn (A B A B ...), each with its own RNG stream, so load on a shared machine lands on both alike; min,
-median and spread of `step_time` after one warm-up step, and the ratios of the medians and of the mins. A second pair
-with scripted fixed-length completions excludes generation, the bound on the ratio when generation is free (as with a
-fast vLLM server).
+overhead: plain GRPO and ReplayGRPOTrainer with replay not yet started (it never starts in this run) train on the
+same prompts from the same seed with real generation, so all sample the same completions; the replay trainer also
+collects (log-probs and entropies of the successful rows, buffer update). GRPO runs twice: as TRL ships it (`grpo`; on
+CPU its fused LM head scores every prompt position) and on the trainers' CPU log-prob path (`grpo_cpu_tiles`, which
+ReplayGRPOTrainer uses): the ratio to the first is what a user sees, to the second what collecting costs. The
+trainers are built once and run one step each in turn (A B C A B C ...), each with its own RNG stream, so load on a
+shared machine lands on all alike; min, median and spread of `step_time` after one warm-up step, and the ratios of
+the medians and of the mins to each GRPO. A second set with scripted fixed-length completions excludes generation,
+the bound on the ratio when generation is free (as with a fast vLLM server).
 
 curves: with replay (starting at `--replay-start` of the steps) and without (the replay trainer with replay never
 starting: plain GRPO updates, as `overhead` checks), once per seed in `--seeds` (3 or more), both from the RLCR
@@ -47,6 +49,7 @@ from pathlib import Path
 
 from _stats import bootstrap_interval, normalise_question, paired_difference_interval
 from common import (
+    GRPO_BASELINES,
     device_args,
     device_name,
     fixed_length,
@@ -60,7 +63,6 @@ from common import (
     summarize,
     write_result,
 )
-from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext.data import graded_arithmetic
 from trl_ext.rewards import make_accuracy_reward, make_format_reward
@@ -84,9 +86,10 @@ def make_trainer(
     heldout=None,
     levels=None,
     eval_steps=None,
+    grpo="grpo",
     **replay_args,
 ):
-    """GRPO or Replay GRPO on graded arithmetic. Without `model_path`: the embedded default with lenient parsing, the
+    """GRPO (`grpo`: a name of `GRPO_BASELINES`) or Replay GRPO on graded arithmetic. Without `model_path`: the embedded default with lenient parsing, the
     `<think>` answer format and a format reward (the step-time benchmark); with it (the format warm-up of the RLCR
     recipe): its short answer format, strict parsing and the accuracy reward alone."""
     if model_path is None:
@@ -129,8 +132,9 @@ def make_trainer(
             eval_dataset=heldout,
             processing_class=tokenizer,
         )
-    args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, **common)
-    return GRPOTrainer(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer_cls, config_cls = GRPO_BASELINES[grpo]
+    args = cpu_test_args(tempfile.mkdtemp(), config_cls, **common)
+    return trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer)
 
 
 def logged(trainer, key):
@@ -141,12 +145,15 @@ def logged(trainer, key):
 def overhead(steps: int) -> dict:
     result = {
         "steps": steps,
-        "order": "interleaved: one step of grpo, then one of replay_before_start, ...; warm-up dropped",
+        "order": "interleaved: one step of grpo, grpo_cpu_tiles, replay_before_start in turn; warm-up dropped",
     }
     for scripted in (False, True):
         runs = {}
-        for name in ("grpo", "replay_before_start"):
-            trainer = make_trainer(name != "grpo", steps + 1, 1e-6, replay_start_ratio=1.0)
+        for name in (*GRPO_BASELINES, "replay_before_start"):
+            if name in GRPO_BASELINES:
+                trainer = make_trainer(False, steps + 1, 1e-6, grpo=name)
+            else:  # replay never starts in this run
+                trainer = make_trainer(True, steps + 1, 1e-6, replay_start_ratio=1.0)
             context = None
             if scripted:
                 completion = fixed_length(trainer.processing_class, COMPLETION, 32)
@@ -158,7 +165,7 @@ def overhead(steps: int) -> dict:
             "machine_load_before": load_before,
             "machine_load_after": machine_load(),
             "num_tokens": {name: logged(trainer, "num_tokens")[-1] for name, (trainer, _) in runs.items()},
-            "step_times": summarize(times, baseline="grpo"),
+            "step_times": summarize(times),
         }
     plot_overhead(result, RESULTS / "replay_overhead.png")
     return result
@@ -167,9 +174,8 @@ def overhead(steps: int) -> dict:
 def plot_overhead(result: dict, path: Path) -> None:
     plot_step_times(
         {part.replace("_", " "): result[part]["step_times"] for part in ("real_generation", "scripted")},
-        "grpo",
         path,
-        "Replay GRPO before replay starts vs GRPOTrainer, interleaved steps",
+        "Replay GRPO before replay starts vs GRPOTrainer (as TRL ships it; on the CPU log-prob path), interleaved steps",
     )
 
 
@@ -468,7 +474,7 @@ def main(argv=None):
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.part == "overhead":
         result, name = overhead(args.steps or 4), "replay_overhead"
-        seeds = [42]  # make_trainer's default seed, both trainers
+        seeds = [42]  # make_trainer's default seed, every trainer
     else:
         steps = args.steps or (4 if args.quick else 24)
         heldout_size = args.heldout_size or (32 if args.quick else 64)

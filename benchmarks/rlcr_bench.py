@@ -64,6 +64,7 @@ from pathlib import Path
 
 import torch
 from common import (
+    GRPO_BASELINES,
     device_args,
     device_name,
     fixed_length,
@@ -79,7 +80,7 @@ from common import (
 )
 from single_turn_rlcr import AnswerKLGRPOTrainer, single_turn_rlcr_reward
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from trl_ext import default_model_path
 from trl_ext.data import graded_arithmetic
@@ -87,12 +88,10 @@ from trl_ext.evaluation.agreement import sampled_completions, sampling_agreement
 from trl_ext.evaluation.greedy import greedy_completions
 from trl_ext.evaluation.records import prompt_text
 from trl_ext.evaluation.rlcr import MEAN_OF_K, calibration_evaluation, evaluate_calibration
-from trl_ext.models.logprob_tiles import CPULogprobTiles
 from trl_ext.models.warmup import rlcr_format_examples
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
-from trl_ext.trainers.base import TrlExtGRPOConfig
 
 
 RESULTS = results_dir()
@@ -124,10 +123,7 @@ def overhead(steps: int, model_path: str | None = None) -> dict:
     # confidence length (12 rows, 4*32 + 8*16 tokens), with accuracy as the reward; as TRL ships it, and on the
     # trainers' CPU log-prob path (labelled positions only, small tiles): the ratio to the second measures RLCR's
     # algorithm, to the first what a user sees.
-    for name, trainer_cls, config_cls in (
-        ("grpo", GRPOTrainer, GRPOConfig),
-        ("grpo_cpu_tiles", GRPOWithCPULogprobTiles, TrlExtGRPOConfig),
-    ):
+    for name, (trainer_cls, config_cls) in GRPO_BASELINES.items():
         model, tok = load_model(model_path)
         args = cpu_test_args(
             tempfile.mkdtemp(), config_cls, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
@@ -173,17 +169,8 @@ def overhead(steps: int, model_path: str | None = None) -> dict:
         "warm-up dropped",
         "machine_load_before": load_before,
         "machine_load_after": machine_load(),
-        "step_times": summarize(times, baseline="grpo"),
-        "vs_grpo_cpu_tiles": {
-            name: summary["vs_grpo_cpu_tiles"]
-            for name, summary in summarize(times, baseline="grpo_cpu_tiles").items()
-            if "vs_grpo_cpu_tiles" in summary
-        },
+        "step_times": summarize(times),
     }
-
-
-class GRPOWithCPULogprobTiles(CPULogprobTiles, GRPOTrainer):
-    """Plain GRPO on the trainers' CPU log-prob path, per training step (the benchmark's trainers share a process)."""
 
 
 # -- calibration curves ---------------------------------------------------------------------------------------------
@@ -654,7 +641,6 @@ def plot_overhead(result: dict, path: Path) -> None:
     load = [result[k]["load_average_1_5_15_min"][0] for k in ("machine_load_before", "machine_load_after")]
     plot_step_times(
         {f"same generated tokens (1-min load {load[0]:.1f} -> {load[1]:.1f})": result["step_times"]},
-        "grpo",
         path,
         "RLCR vs GRPOTrainer, interleaved steps",
     )
