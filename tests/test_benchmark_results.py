@@ -106,3 +106,63 @@ def test_rewritten_results_do_not_make_the_commit_dirty(tmp_path, monkeypatch):
     assert len(common.git_commit()) == 40
     (tmp_path / "code.py").write_text("a = 2\n")
     assert common.git_commit().endswith("-dirty")
+
+
+def test_step_times_are_compared_to_every_baseline():
+    summary = common.summarize({"grpo": [2.0, 4.0], "grpo_cpu_tiles": [1.0, 2.0], "rlcr": [2.0, 3.0]})
+    assert summary["rlcr"]["median_s"] == 2.5 and summary["rlcr"]["spread"] == 0.4
+    assert summary["rlcr"]["vs_grpo"] == {
+        "ratio_of_medians": 2.5 / 3.0,
+        "ratio_of_mins": 1.0,
+        "median_paired_ratio": 0.875,
+    }
+    assert summary["rlcr"]["vs_grpo_cpu_tiles"] == {
+        "ratio_of_medians": 2.5 / 1.5,
+        "ratio_of_mins": 2.0,
+        "median_paired_ratio": 1.75,
+    }
+    assert summary["grpo_cpu_tiles"]["vs_grpo"]["ratio_of_medians"] == 0.5 and "vs_grpo" not in summary["grpo"]
+
+
+PROVENANCE_KEYS = {"commit", "packages", "device", "command", "seeds"}
+# Results written before the scripts recorded provenance (or in its first format: `git_commit`, `git_dirty`), kept
+# because re-running them costs more than this stop had. xfail strict: a re-run that writes one with its provenance
+# makes its test pass, which fails here until its entry is removed.
+LEGACY = {
+    # the first H100 GPU check (8b7bdc1); the later H100 check ran only the memory benchmark, the H200 one ran its
+    # step times beside 18 other jobs, so neither replaces this timing
+    "rlcr_overhead_cuda.json": "GPU check before provenance; needs an H100 run of benchmarks/gpu_check.sh",
+    "workspace_overhead.json": "before provenance; a re-run takes 15-60 min on 2 cores",
+    "memory_configs.json": "before provenance; a re-run takes 15-60 min on 2 cores",
+    "absolute_zero_code_curves.json": "before provenance; a re-run takes 15-60 min on 2 cores",
+}
+COMMITTED = sorted((BENCHMARKS / "results").rglob("*.json"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=LEGACY[path.name]))
+        if path.name in LEGACY and path.parent == BENCHMARKS / "results"
+        else path
+        for path in COMMITTED
+    ],
+    ids=[str(path.relative_to(BENCHMARKS / "results")) for path in COMMITTED],
+)
+def test_every_committed_result_records_its_provenance(path):
+    """Every result under benchmarks/results (gpu_check folders included) was written by a script that recorded its
+    provenance; a merged result also keeps each part's."""
+    result = json.loads(path.read_text())
+    provenances = [result["provenance"]] if "provenance" in result else []
+    provenances += [part.get("provenance") for part in result.get("merged_from", [])]
+    assert provenances, f"{path.name}: no provenance and no merged_from: write it with common.write_result"
+    for provenance in provenances:
+        assert isinstance(provenance, dict), f"{path.name}: a part without provenance"
+        missing = PROVENANCE_KEYS - set(provenance)
+        assert not missing, f"{path.name}: provenance lacks {sorted(missing)}"
+        empty = [key for key in ("commit", "device", "command") if not provenance[key]]
+        assert not empty and provenance["packages"].get("trl"), f"{path.name}: empty {empty}, or no trl version"
+
+
+def test_every_legacy_entry_names_a_committed_result():
+    assert set(LEGACY) <= {path.name for path in COMMITTED if path.parent == BENCHMARKS / "results"}
