@@ -6,6 +6,7 @@ from trl_ext.models import agreement_warmup
 from trl_ext.models.agreement_warmup import (
     agreement_confidence_examples,
     agreement_examples,
+    balanced_by_share,
     share_distribution,
     tenths,
 )
@@ -122,6 +123,26 @@ def _digit_checkpoint(directory):
     return str(directory)
 
 
+def test_balancing_gives_every_stated_value_as_many_examples():
+    def example(i, value):
+        return {
+            "prompt": [{"role": "user", "content": f"q{i}"}],
+            "completion": [{"role": "assistant", "content": f"<confidence>{value}</confidence>"}],
+        }
+
+    # 8 examples, 3 values: round(8 / 3) = 3 each; 0.1 has 5 (3 drawn, none twice), 0.5 has 2 (both, one of them
+    # again), 1 has 1 (three times).
+    examples = [example(i, 0.1) for i in range(5)] + [example(5, 0.5), example(6, 0.5), example(7, 1)]
+    balanced = balanced_by_share(examples, seed=0)
+    assert share_distribution(balanced) == {"0.1": 3, "0.5": 3, "1": 3}
+    prompts = [e["prompt"][0]["content"] for e in balanced]
+    assert len(set(prompts[:3])) == 3 and set(prompts[:3]) <= {"q0", "q1", "q2", "q3", "q4"}
+    assert sorted(prompts[3:6]) in (["q5", "q5", "q6"], ["q5", "q6", "q6"]) and prompts[6:] == ["q7"] * 3
+    assert balanced == balanced_by_share(examples, seed=0)
+    assert any(balanced_by_share(examples, seed=s)[:3] != balanced[:3] for s in range(1, 6))
+    assert balanced_by_share([], seed=0) == []
+
+
 def test_sampled_examples_are_built_once_and_reused(tmp_path, monkeypatch):
     """End to end on a tiny random model: the samples parsed, the examples built from them and cached; a second call
     samples nothing."""
@@ -219,9 +240,12 @@ def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
     assert len(rest) == 2 and report["rows"] == 3 and report["examples"] == 6
     stats = report["agreement"]
     assert stats["rows_sampled"] == 3 and stats["samples_per_row"] == 4
-    # Stage 2: the three gold answer turns of stage 1 again (they hold the answer turn), then the sampled shares.
+    # Stage 2: the three gold answer turns of stage 1 again (they hold the answer turn), then the sampled shares,
+    # as many examples per stated value.
     stage1_examples = trained[0][1]
-    assert stage2_examples[:3] == stage1_examples[::2] and len(stage2_examples) == 3 + stats["examples"]
+    balanced = stats["balanced_shares"]
+    assert stage2_examples[:3] == stage1_examples[::2] and len(stage2_examples) == 3 + sum(balanced.values())
+    assert share_distribution(stage2_examples[3:]) == balanced and len(set(balanced.values())) == 1 < len(balanced)
     assert [e["completion"][0]["content"] for e in stage2_examples[:3]] == [
         f"<answer>{2 * i}</answer>" for i in range(3)
     ]

@@ -101,6 +101,30 @@ def share_distribution(examples: Sequence[dict], confidence_tag: str = "confiden
     return {value: counts[value] for value in sorted(counts, key=float)}
 
 
+def balanced_by_share(examples: Sequence[dict], seed: int = 0, confidence_tag: str = "confidence") -> list[dict]:
+    """`examples` resampled so that every stated confidence has as many examples: `len(examples)` divided by the
+    number of distinct stated values (rounded), drawn without replacement from a value with more, every example of a
+    value with fewer repeated as evenly as that count allows (seeded by `seed`).
+
+    A 135M model rarely samples one answer twice, so most sampled answers have a share of 1/k: unbalanced, three
+    quarters of the embedded default's examples state 0.1, and the warmed-up model states 0.1 for every answer.
+    """
+    open_, close = f"<{confidence_tag}>", f"</{confidence_tag}>"
+    by_value: dict[float, list[dict]] = {}
+    for example in examples:
+        by_value.setdefault(float(example["completion"][0]["content"][len(open_) : -len(close)]), []).append(example)
+    if not by_value:
+        return []
+    per_value = max(1, round(len(examples) / len(by_value)))
+    rng = random.Random(f"{seed}:balance")
+    balanced = []
+    for value in sorted(by_value):
+        group = by_value[value]
+        repeats, extra = divmod(per_value, len(group))
+        balanced += group * repeats + rng.sample(group, extra)
+    return balanced
+
+
 def sample_answers(
     checkpoint: str,
     prompts: Sequence[list[dict]],

@@ -14,7 +14,7 @@ from ..evaluation.calibration import plot_reliability_diagrams, reliability_diag
 from ..evaluation.confidence_samples import mean_confidence, sampled_confidences
 from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
-from ..models.agreement_warmup import agreement_examples
+from ..models.agreement_warmup import agreement_examples, balanced_by_share, share_distribution
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing, verify_answer
 from ..trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
@@ -511,8 +511,15 @@ def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> d
             "share to state. Use --warmup_confidences weighted, more --warmup_samples or --warmup_epochs, or "
             "--lenient_parsing."
         )
-    path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns, *built["examples"]], training_args)
-    return {"model": path, **stats, "sft_seconds": sft_seconds, "seconds": time.monotonic() - started}
+    confidence_turns = balanced_by_share(built["examples"], training_args.seed, training_args.confidence_tag)
+    path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns, *confidence_turns], training_args)
+    return {
+        "model": path,
+        **stats,
+        "balanced_shares": share_distribution(confidence_turns, training_args.confidence_tag),
+        "sft_seconds": sft_seconds,
+        "seconds": time.monotonic() - started,
+    }
 
 
 def summary(report, output_dir, seconds):
