@@ -90,9 +90,9 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             `"agreement"`, the model's own sampling agreement distilled into the stated confidence: after the
             `"weighted"` warm-up (the same rows, with gold answers), `warmup_agreement_samples` answers are sampled
             per warm-up row at temperature 1, and a second warm-up of the same settings trains the confidence turn to
-            state, for up to two of the distinct answers sampled, the share of the samples that gave it, beside the
-            first stage's answer turns (gold) again (see [`~trl_ext.models.agreement_warmup`]); the samples are drawn
-            once and cached.
+            state, for up to two of the distinct answers sampled, the share of the samples that gave it (as many
+            examples per stated value), beside the first stage's answer turns (gold) again (see
+            [`~trl_ext.models.agreement_warmup`]); the samples are drawn once and cached.
         warmup_agreement_samples (`int`, *optional*, defaults to `8`):
             Answers sampled per warm-up row at temperature 1 by `warmup_confidences="agreement"` (its stated
             confidences are multiples of 1/k rounded to a tenth). Unused by the other draws.
