@@ -6,11 +6,13 @@ Three prompts, G_a = 2 answers each, G_c = 2 confidences per answer, two refill 
 - 3+3: both right, both right again (round 1), both wrong (round 2): still all equal, it keeps its first answers.
 """
 
+import math
+
 import pytest
 import torch
 from datasets import Dataset
 
-from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm
+from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tiny_checkpoint
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
 
 
@@ -42,8 +44,8 @@ class Script:
         return ATTEMPTS[question][self.attempt[question]][k]
 
 
-def make_trainer(tmp_path, **overrides):
-    model, tokenizer = tiny_causal_lm()
+def make_trainer(tmp_path, model=None, **overrides):
+    tiny, tokenizer = tiny_causal_lm()
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": f"What is {q}?"}], "solution": s} for q, s in QUESTIONS]
     )
@@ -59,7 +61,7 @@ def make_trainer(tmp_path, **overrides):
         answer_refill_rounds=2,
     )
     args = cpu_test_args(tmp_path, RLCRMultiTurnConfig, **{**settings, **overrides})
-    return RLCRMultiTurnTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    return RLCRMultiTurnTrainer(model=model or tiny, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +156,20 @@ def test_groups_split_over_processes_are_refused(tmp_path, monkeypatch):
         cpu_test_args(
             tmp_path, RLCRMultiTurnConfig, per_device_train_batch_size=4, num_generations=2, answer_refill_rounds=-1
         )
+
+
+def test_real_generation_with_reference_and_old_logprobs(tmp_path):
+    # The tiny random model writes no <answer> tag: every group is all wrong, so each round regenerates all of them
+    # and none is replaced. num_iterations 2 makes TRL keep old log-probs, beta a reference pass: both are merged.
+    checkpoint = tiny_checkpoint(tmp_path / "model")  # the reference model loads from a path
+    trainer = make_trainer(
+        tmp_path, checkpoint, answer_refill_rounds=2, num_iterations=2, beta=0.1, max_completion_length=8
+    )
+    with BatchRecorder(trainer) as rec:
+        trainer.train()
+    batch, log = rec.batches[0], trainer.state.log_history[0]
+    assert log["answer/refill_rows"] == 12.0 and log["answer/refilled_groups"] == 0.0
+    assert log["frac_reward_zero_std"] == log["answer/frac_reward_zero_std_sampled"] == 1.0
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        assert batch[key].shape == batch["completion_ids"].shape and torch.isfinite(batch[key]).all(), key
+    assert math.isfinite(log["loss"])
