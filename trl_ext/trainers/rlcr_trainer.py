@@ -109,15 +109,15 @@ class RLCRMultiTurnTrainer(
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
-    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the two turns: TRL's own method called
-    once per turn, then span masks, advantage weights and the joined batch), `_compute_loss` (sets the rows the loss
-    forward scores and the KL per row kind, then TRL's loss), `_prepare_inputs` (keeps each answer with its
-    confidences), and through its seams `_get_per_token_logps_and_entropies` (`RowKindForwards`: packed families, or
-    one forward per row kind at its temperature), `_generate` / `_calculate_rewards` (`RecordsCalls`) and
-    `_generate_single_turn` (`VLLMContextLimit`); the base adds checkpoints, model cards, held-out evaluation and
-    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, old and
-    reference log-probs, reward gathering and group advantages, vLLM importance sampling, the loss of every
-    `loss_type`, logging and the completions table.
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the two turns: TRL's own method called once
+    per turn, and once per refill round of all-equal answer groups with `answer_refill_rounds`, then span masks,
+    advantage weights and the joined batch), `_compute_loss` (sets the rows the loss forward scores and the KL per row
+    kind, then TRL's loss), `_prepare_inputs` (keeps each answer with its confidences), and through its seams
+    `_get_per_token_logps_and_entropies` (`RowKindForwards`: packed families, or one forward per row kind at its
+    temperature), `_generate` / `_calculate_rewards` (`RecordsCalls`) and `_generate_single_turn` (`VLLMContextLimit`);
+    the base adds checkpoints, model cards, held-out evaluation and generation-backend handling (`TrlExtGRPOTrainer`).
+    Inherited unchanged: generation on every backend, old and reference log-probs, reward gathering and group
+    advantages, vLLM importance sampling, the loss of every `loss_type`, logging and the completions table.
 
     Args:
         model: As [`~trl.GRPOTrainer`].
