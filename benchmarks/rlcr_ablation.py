@@ -130,6 +130,9 @@ VARIANTS = {
         "--confidence_prompt",
         "How likely is it that the answer you just gave is correct? Give a probability from 0 to 1.",
     ],
+    # DAPO-style refill: prompts whose answers are all right or all wrong are answered again (up to 4 more calls)
+    # until one of them is right and another wrong, so the confidence turn sees answers with different labels
+    "refill4": ["--answer_refill_rounds", "4"],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],

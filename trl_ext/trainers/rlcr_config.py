@@ -91,6 +91,19 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
             When a reply lacks its tag, read the answer as the last number of the completion and the confidence as
             the first valid number or percentage of the reply, instead of scoring 0. For models too small to follow
             the tag format (the embedded 135M default); `answer/format_fail_rate` still counts missing tags.
+        answer_refill_rounds (`int`, *optional*, defaults to `0`):
+            DAPO-style refill, in training: the prompts whose `G_a` answers all got the same accuracy (all right or all
+            wrong: no answer-level signal for the confidence turn, and answer advantages of 0) are answered again, up
+            to this many rounds; a prompt's new answers replace its group once they are mixed, and a group still all
+            equal after the last round keeps its first answers (row counts never change). Each round is one more
+            answer-turn generation call on every process, as large as the most such prompts any process holds (a
+            process with fewer fills it with copies of its own, whose answers it discards). Needs each prompt's
+            `G_a` answers on one process: `generation_batch_size / num_processes` a multiple of `num_generations`.
+            With refill, the confidence turn, `answer/accuracy`, the calibration metrics, the completions table and
+            `frac_reward_zero_std` (the share of answer groups whose reward is the same for every answer) describe the
+            trained batch, after refill; `answer/frac_reward_zero_std_sampled` is that share before it, and TRL's
+            `reward` and `rewards/*` describe the first sampling. `answer/refilled_groups` counts the groups
+            replaced and `answer/refill_rows` the answers the refill generated, per generation batch.
         share_prefix (`bool`, *optional*, defaults to `True`):
             In the loss forward, pack each answer row with its confidence rows into one sequence with a tree
             attention mask, so the prompt and the answer are processed once instead of `1 + G_c` times (same
@@ -162,6 +175,13 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
         default=False,
         metadata={"help": "Read untagged answers (last number) and confidences (first valid number) instead of 0."},
     )
+    answer_refill_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "Training: re-answer prompts whose answers all got the same accuracy, up to this many rounds; "
+            "mixed new answers replace the group (0: off)."
+        },
+    )
 
     share_prefix: bool = field(
         default=True,
@@ -222,5 +242,15 @@ class RLCRMultiTurnConfig(TrlExtGRPOConfig):
                 raise ValueError(f"{name} must be a bare tag name such as 'answer' (got {tag!r}).")
         if len(set(tags.values())) != len(tags):
             raise ValueError(f"think_tag, answer_tag, analysis_tag and confidence_tag must differ (got {tags}).")
+        if self.answer_refill_rounds < 0:
+            raise ValueError(f"answer_refill_rounds must be 0 (off) or more (got {self.answer_refill_rounds}).")
+        local_rows = self.generation_batch_size // self.world_size
+        if self.answer_refill_rounds and local_rows % self.num_generations:
+            raise ValueError(
+                f"answer_refill_rounds needs each prompt's num_generations={self.num_generations} answers on one "
+                f"process, but a generation batch gives {local_rows} answer rows per process (generation_batch_size "
+                f"{self.generation_batch_size} over {self.world_size} processes): make per_device_train_batch_size * "
+                "steps_per_generation a multiple of num_generations, or set answer_refill_rounds=0."
+            )
         if not self.confidence_prompt.strip():
             raise ValueError("confidence_prompt must not be empty: it is the user message that asks for a confidence.")

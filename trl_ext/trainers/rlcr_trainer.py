@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import defaultdict
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 
 from ..core.advantages import group_advantages
-from ..core.batch import group_rows, merge_rows
+from ..core.batch import concat_row_batches, group_rows, merge_rows
 from ..core.confidence_diagnostics import confidence_correctness_correlation, confidence_leak, confidence_spread
 from ..core.prefix_tree import family_chunks, pack_prefix_families, tree_attention_mask, tree_mask_unsupported
+from ..core.refill import GroupRefill, equal_reward_groups
 from ..core.spans import span_token_mask
 from ..core.turns import follow_up_turn
 from ..evaluation.calibration import calibration_report
@@ -40,7 +42,7 @@ from ..rewards import extract_answer, extract_confidence, make_accuracy_reward, 
 from ..rewards.verify import verify_answer
 from .base import TrlExtGRPOTrainer
 from .rlcr_config import RLCRMultiTurnConfig
-from .seams.call_record import RecordsCalls
+from .seams.call_record import CallRecord, RecordsCalls
 from .seams.context_limit import VLLMContextLimit
 from .seams.heldout import nan_to_none
 from .seams.init_checks import (
@@ -107,15 +109,15 @@ class RLCRMultiTurnTrainer(
 ):
     """GRPO with an answer turn and a confidence turn per fixed answer (RLCR, multi-turn).
 
-    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the two turns: TRL's own method called
-    once per turn, then span masks, advantage weights and the joined batch), `_compute_loss` (sets the rows the loss
-    forward scores and the KL per row kind, then TRL's loss), `_prepare_inputs` (keeps each answer with its
-    confidences), and through its seams `_get_per_token_logps_and_entropies` (`RowKindForwards`: packed families, or
-    one forward per row kind at its temperature), `_generate` / `_calculate_rewards` (`RecordsCalls`) and
-    `_generate_single_turn` (`VLLMContextLimit`); the base adds checkpoints, model cards, held-out evaluation and
-    generation-backend handling (`TrlExtGRPOTrainer`). Inherited unchanged: generation on every backend, old and
-    reference log-probs, reward gathering and group advantages, vLLM importance sampling, the loss of every
-    `loss_type`, logging and the completions table.
+    Overrides from [`~trl.GRPOTrainer`]: `_generate_and_score_completions` (the two turns: TRL's own method called once
+    per turn, and once per refill round of all-equal answer groups with `answer_refill_rounds`, then span masks,
+    advantage weights and the joined batch), `_compute_loss` (sets the rows the loss forward scores and the KL per row
+    kind, then TRL's loss), `_prepare_inputs` (keeps each answer with its confidences), and through its seams
+    `_get_per_token_logps_and_entropies` (`RowKindForwards`: packed families, or one forward per row kind at its
+    temperature), `_generate` / `_calculate_rewards` (`RecordsCalls`) and `_generate_single_turn` (`VLLMContextLimit`);
+    the base adds checkpoints, model cards, held-out evaluation and generation-backend handling (`TrlExtGRPOTrainer`).
+    Inherited unchanged: generation on every backend, old and reference log-probs, reward gathering and group
+    advantages, vLLM importance sampling, the loss of every `loss_type`, logging and the completions table.
 
     Args:
         model: As [`~trl.GRPOTrainer`].
@@ -436,6 +438,8 @@ class RLCRMultiTurnTrainer(
         #    within each prompt's G_a answers. The record keeps the ids and the gathered rewards (W * B, F).
         with self.recording() as answer_turn:
             answers = super()._generate_and_score_completions(inputs)
+        if mode == "train" and args.answer_refill_rounds:
+            answers, answer_turn = self._refill_equal_groups(inputs, answers, answer_turn, g_a)
         prompt_ids, answer_ids = answer_turn.prompt_ids, answer_turn.completion_ids
         rewards = answer_turn.rewards_per_func
         local = local_rows(self.accelerator, len(inputs))
@@ -492,6 +496,67 @@ class RLCRMultiTurnTrainer(
 
         self._log_turns(mode, rewards, brier, answer_texts, answer_closed, confidence_ids, g_c)
         return batch
+
+    def _refill_equal_groups(self, inputs, answers, answer_turn, g_a):
+        """DAPO-style refill (`answer_refill_rounds`): the prompts whose `G_a` answers all got the same accuracy are
+        answered again by further calls of TRL's method on their rows, up to `answer_refill_rounds` rounds; a call's
+        answers to a prompt replace its group when they are mixed: rows, log-probs, the advantages TRL computed within
+        the new group, the rewards and the group's rows in the completions table. Returns the final answers' batch
+        and record.
+
+        Generation calls are collectives: `GroupRefill` plans each round from gathered rewards, the same on every
+        process, and a process with fewer such prompts fills its call with copies of its own groups."""
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        metrics = self._metrics["train"]
+        plan = GroupRefill(answer_turn.rewards_per_func[:, 0], world, g_a)  # accuracy is reward function 0
+        batches, records, tables = [answers], [answer_turn], []
+        for _ in range(self.args.answer_refill_rounds):
+            slots = plan.next_round()
+            if slots is None:
+                break
+            rows = [inputs[group * g_a + i] for group in slots[rank] for i in range(g_a)]
+            # TRL's metrics of the call describe its fillers too: dropped. Its table rows are patched in below.
+            table = self._empty_logs()
+            throwaway = {"train": defaultdict(list), "eval": defaultdict(list)}
+            with scoped_call(self, _metrics=throwaway, _logs=table), self.recording() as record:
+                batches.append(super()._generate_and_score_completions(rows))
+            plan.accept(record.rewards_per_func[:, 0])
+            records.append(record)
+            tables.append(table)
+
+        local = plan.local_index(rank)
+        joined = concat_row_batches(batches, self._tokenizer.pad_token_id)  # drops 0-dim `num_items_in_batch`
+        index = torch.tensor(local, device=answers["advantages"].device)
+        answers = {key: value[index] for key, value in joined.items()}
+        loss_mask = answers["completion_mask"] * answers.get("tool_mask", 1)  # recounted as TRL counts it
+        answers["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        prompt_ids = [ids for record in records for ids in record.prompt_ids]
+        completion_ids = [ids for record in records for ids in record.completion_ids]
+        rewards = torch.cat([record.rewards_per_func for record in records])[plan.gathered_index()]
+        final = CallRecord([prompt_ids[i] for i in local], [completion_ids[i] for i in local], rewards)
+
+        # The completions table: TRL's answer call wrote the last W * B rows of each column.
+        logs, start = self._logs, len(self._logs["prompt"]) - rewards.size(0)
+        for row, (round_, source) in enumerate(plan.gathered_sources()):
+            if round_ == 0:
+                continue
+            table = tables[round_ - 1]
+            for key in ("prompt", "completion", "advantages"):
+                logs[key][start + row] = table[key][source]
+            for group in ("rewards", "extra"):
+                for name, values in table[group].items():
+                    if name in logs[group]:
+                        logs[group][name][start + row] = values[source]
+
+        # TRL's frac_reward_zero_std of the first sampling becomes the trained batch's: the share of groups whose
+        # weighted reward (all reward functions) is the same for every answer.
+        total = (rewards * self.reward_weights.to(rewards.device)).nansum(dim=1)
+        total[torch.isnan(rewards).all(dim=1)] = math.nan
+        metrics["answer/frac_reward_zero_std_sampled"].append(metrics["frac_reward_zero_std"][-1])
+        metrics["frac_reward_zero_std"][-1] = equal_reward_groups(total.cpu(), g_a).float().mean().item()
+        metrics["answer/refilled_groups"].append(float(plan.replaced))
+        metrics["answer/refill_rows"].append(float(sum(plan.round_sizes) * world * g_a))
+        return answers, final
 
     def _log_histograms(self, mode, values):
         """Per-type distributions, on the loggers that take histograms; scalars go through TRL's metrics."""
