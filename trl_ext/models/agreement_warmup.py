@@ -94,10 +94,15 @@ def agreement_confidence_examples(
     return examples
 
 
+def _stated(example: dict, confidence_tag: str) -> str:
+    """The confidence an example's completion states, as written (`<confidence>0.3</confidence>` -> `"0.3"`)."""
+    open_, close = f"<{confidence_tag}>", f"</{confidence_tag}>"
+    return example["completion"][0]["content"][len(open_) : -len(close)]
+
+
 def share_distribution(examples: Sequence[dict], confidence_tag: str = "confidence") -> dict[str, int]:
     """How many examples state each confidence (`{"0.1": 12, ...}`, in increasing order)."""
-    open_, close = f"<{confidence_tag}>", f"</{confidence_tag}>"
-    counts = Counter(e["completion"][0]["content"][len(open_) : -len(close)] for e in examples)
+    counts = Counter(_stated(e, confidence_tag) for e in examples)
     return {value: counts[value] for value in sorted(counts, key=float)}
 
 
@@ -109,10 +114,9 @@ def balanced_by_share(examples: Sequence[dict], seed: int = 0, confidence_tag: s
     A 135M model rarely samples one answer twice, so most sampled answers have a share of 1/k: unbalanced, three
     quarters of the embedded default's examples state 0.1, and the warmed-up model states 0.1 for every answer.
     """
-    open_, close = f"<{confidence_tag}>", f"</{confidence_tag}>"
     by_value: dict[float, list[dict]] = {}
     for example in examples:
-        by_value.setdefault(float(example["completion"][0]["content"][len(open_) : -len(close)]), []).append(example)
+        by_value.setdefault(float(_stated(example, confidence_tag)), []).append(example)
     if not by_value:
         return []
     per_value = max(1, round(len(examples) / len(by_value)))
