@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..models.shared_prefill import shared_prefill_generate
 from ..rewards import extract_answer
 from ..rewards.parsing import normalize_answer
 from .greedy import left_padded
@@ -37,7 +38,9 @@ def sampled_completions(
     devices = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        out = model.generate(
+        out = shared_prefill_generate(
+            model,
+            model.generate,
             input_ids=input_ids,
             attention_mask=attention_mask,
             max_new_tokens=max_new_tokens,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..models.shared_prefill import shared_prefill_generate
+
 
 def left_padded(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`prompts` left-padded with `pad` into one batch on `device`: input ids, attention mask, and the width (where
@@ -20,7 +22,9 @@ def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_token
     `max_new_tokens`. Prompts are left-padded into one batch."""
     pad = tokenizer.pad_token_id
     input_ids, attention_mask, width = left_padded(prompts, pad, model.device)
-    out = model.generate(
+    out = shared_prefill_generate(
+        model,
+        model.generate,
         input_ids=input_ids,
         attention_mask=attention_mask,
         max_new_tokens=max_new_tokens,
