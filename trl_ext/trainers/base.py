@@ -43,6 +43,12 @@ class TrlExtGRPOConfig(GRPOConfig):
             TRL's 4096 makes its CPU backward hold about 4 GB of float32 temporaries at once; smaller tiles give the
             same values with less memory. No effect on CUDA. `None` keeps TRL's size (see
             `trl_ext/models/logprob_tiles.py`).
+        shared_prefill (`bool`, *optional*, defaults to `True`):
+            Without vLLM, prefill the prompt positions that a generation call's rows share once: the prefix common to
+            every row (chat template, system prompt) and each prompt repeated in a group, then copy their key/value
+            cache to the rows (`trl_ext/models/shared_prefill.py`). The same completions up to floating-point
+            rounding, in less time where prefill dominates (CPU). Off under FSDP and under ZeRO-3 without
+            `ds3_gather_for_generation`, where every forward is a collective. vLLM caches prefixes itself.
 
         > Parameters of the held-out evaluation (`trainer.evaluate()`, run every `eval_steps` with
         > `eval_strategy="steps"` on `eval_dataset`; see docs/recipes.md#held-out-evaluation-during-training)
@@ -74,6 +80,11 @@ class TrlExtGRPOConfig(GRPOConfig):
     cpu_logprob_tile_tokens: int | None = field(
         default=256,
         metadata={"help": "Tokens per tile of TRL's log-prob computation without Triton (CPU); None: TRL's 4096."},
+    )
+
+    shared_prefill: bool = field(
+        default=True,
+        metadata={"help": "Without vLLM, prefill the prompt positions a generation call's rows share only once."},
     )
 
     eval_temperature: float = field(

@@ -15,13 +15,21 @@ FSDP2 without vLLM. With `reshard_after_forward` (accelerate_configs/fsdp2.yaml)
 decoder layer and frees it again, so `model.generate` all-gathers every layer once per decoded token. TRL gathers
 ZeRO-3 parameters once per generate call (`ds3_gather_for_generation`) but has no counterpart for FSDP2; the first
 generate call warns and names accelerate_configs/fsdp2_generation.yaml (`fsdp_reshard_after_forward: false`).
+
+Transformers generation, shared prefill (`shared_prefill`). TRL calls `generate` on the unwrapped model; for the
+duration of TRL's `_generate_single_turn` that model's `generate` prefills the prompt positions the call's rows share
+once (`trl_ext/models/shared_prefill.py`). It adds up to two forwards per call, as many as the batch calls for, so
+it stays off where a forward is a collective that every process must make alike (FSDP, ZeRO-3 without gathering).
 """
 
 from __future__ import annotations
 
+import functools
+
 from transformers.utils import logging
 from trl.extras.profiling import profiling_context
 
+from ...models.shared_prefill import shared_prefill_generate
 from .scoping import scoped_call
 
 
@@ -38,6 +46,14 @@ class GenerationBackends:
     def _sleeps_between_calls(self) -> bool:
         return self.use_vllm and self.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode
 
+    def _shares_prefill(self) -> bool:
+        """Transformers generation with `shared_prefill`, where the model's forward is no collective."""
+        args = self.args
+        if self.use_vllm or args.use_transformers_paged or not args.shared_prefill or self.is_fsdp_enabled:
+            return False
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        return not zero3 or args.ds3_gather_for_generation
+
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if not self._sleeps_between_calls():
             fsdp2 = self.is_fsdp_enabled and self.accelerator.is_fsdp2
@@ -47,9 +63,15 @@ class GenerationBackends:
                     "without vLLM. For generation-heavy runs launch with accelerate_configs/fsdp2_generation.yaml "
                     "(fsdp_reshard_after_forward: false: one all-gather per layer per step), or use vLLM (docs/gpu.md)."
                 )
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            if not self._shares_prefill():
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
+            model = self.accelerator.unwrap_model(self.model_wrapped)
+            with scoped_call(model, generate=functools.partial(shared_prefill_generate, model, model.generate)):
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
         vllm = self.vllm_generation
         if not self._vllm_awake:
             # Asleep at level 2, the engine holds no weights: push them (sync_weights wakes the weights first), then
