@@ -87,6 +87,7 @@ def test_rows_of_one_shared_prompt_and_its_last_token(model_and_pad):
     "prompts, kwargs",
     [
         ([[20, 21], [30, 31, 32]], {}),  # nothing shared
+        ([[7], [7], [8]], {}),  # repeated, but only the last token: nothing to prefill before generate's own
         (PROMPTS, dict(num_return_sequences=2, do_sample=True)),  # generate expands the rows itself
         (PROMPTS, dict(num_beams=2)),
     ],

@@ -104,8 +104,8 @@ def _plan(model, input_ids, attention_mask, kwargs):
         length += 1
     distinct = {}
     inverse = [distinct.setdefault(p[length:], len(distinct)) for p in prompts]
-    if length == 0 and len(distinct) == len(prompts):
-        return None  # nothing shared
+    if length == 0 and (len(distinct) == len(prompts) or max(map(len, distinct)) == 1):
+        return None  # nothing shared, or nothing before the last tokens to prefill
     pad = next((t for row, m in zip(ids, mask, strict=True) for t, keep in zip(row, m, strict=True) if not keep), 0)
     return list(prompts[0][:length]), [list(rest) for rest in distinct], inverse, pad
 
