@@ -132,7 +132,6 @@ LEGACY = {
     # the first H100 GPU check (8b7bdc1); the later H100 check ran only the memory benchmark, the H200 one ran its
     # step times beside 18 other jobs, so neither replaces this timing
     "rlcr_overhead_cuda.json": "GPU check before provenance; needs an H100 run of benchmarks/gpu_check.sh",
-    "memory_configs.json": "before provenance; a re-run takes 15-60 min on 2 cores",
     "absolute_zero_code_curves.json": "before provenance; a re-run takes 15-60 min on 2 cores",
 }
 COMMITTED = sorted((BENCHMARKS / "results").rglob("*.json"))
