@@ -15,8 +15,8 @@ differently shaped matrix products. The returned sequences have the caller's lef
 completions start where the caller expects.
 
 Anything this layout does not cover (an encoder-decoder, a sliding-window, recurrent or static cache, beams, several
-returned sequences per row, dict outputs, extra model inputs such as images) goes to `model.generate` unchanged, as
-does a batch with neither a shared prefix nor a repeated prompt.
+returned sequences per row, dict outputs, extra model inputs such as images, attention other than SDPA or eager)
+goes to `model.generate` unchanged, as does a batch with neither a shared prefix nor a repeated prompt.
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ def _plan(model, input_ids, attention_mask, kwargs):
         value = kwargs.get(name, getattr(config, name, None))
         if value is not None and value != plain:  # None: generate's default, the plain one
             return None
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return None  # kernels that unpad by the mask (flash attention) are not tested with padding mid-row
     if "position_ids" not in inspect.signature(_causal_lm(model).forward).parameters:
         return None  # generate would number the middle-padded positions as they lie
     cache = DynamicCache(config=model.config)
