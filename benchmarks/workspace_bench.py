@@ -5,7 +5,7 @@
 
 Results: benchmarks/results/workspace_overhead.json and .png.
 
-Both trainers run the embedded default (SmolLM2-135M-Instruct; `--model tiny`: a random-weight 2-layer model with
+Every trainer runs the embedded default (SmolLM2-135M-Instruct; `--model tiny`: a random-weight 2-layer model with
 its tokenizer, for a quick run) with TRL's Qwen2.5 tool template and scripted
 completions of fixed lengths, so they generate the same tokens per step and make the same tool calls; what differs is
 what self-play adds around generation (proposal parsing, scoring every question's episodes, the learnability filter,
@@ -15,13 +15,17 @@ two TRL batch builds). Per seed prompt and step (`--prompts` seed prompts per st
   times as a two-turn episode (a tool call of `TURN_TOKENS`, the tool result, a final answer of `TURN_TOKENS`);
   trains G solver rows + 1 proposer row.
 - GRPO: one group of K + K*G rows on a seed task: K single-turn answers of `PROPOSAL_TOKENS` and K*G two-turn
-  episodes like the solver's; trains all K + K*G rows.
+  episodes like the solver's; trains all K + K*G rows. GRPO runs twice: as TRL ships it (`grpo`; on CPU its fused
+  LM head scores every prompt position) and on the trainers' CPU log-prob path (`grpo_cpu_tiles`, which
+  AbsoluteZeroTrainer uses): the ratio to the first is what a user sees, to the second what the workspace
+  self-play's algorithm costs.
 
-The compared configs run interleaved (A B A B ...), each run a fresh trainer with one warm-up step; reported per
-config: the min / median / spread (max - min) of the measured step times over all runs, the step time per trained
-row, the rollout phase's share of it (generation, tool loop, scoring, filter, batch building: TRL's
-`_generate_and_score_completions`, which the self-play trainer overrides), generation calls per step and tool calls
-per episode.
+Each of `--repeats` runs builds fresh trainers of the three configurations and runs them one step each in turn
+(A B C A B C ...), so load on a shared machine lands on all alike; one warm-up step dropped. Reported: min, median and
+spread of the step times with the ratios of medians and of mins to each GRPO (`common.summarize`), per configuration
+the step time per trained row, the rollout phase's time (generation, tool loop, scoring, filter, batch building:
+TRL's `_generate_and_score_completions`, which the self-play trainer overrides), generation calls per step and tool
+calls per episode, and Absolute Zero's ratio per trained row to each GRPO.
 
 On CPU, TRL's fused LM head scores every position of a row in vocabulary tiles, and its cost per row falls as the
 batch grows (about 10% from 5 to 10 rows, 3% from 10 to 20 on 2 cores, tiny model); Absolute Zero trains half as many
@@ -39,11 +43,19 @@ import sys
 import tempfile
 import time
 
-from common import fixed_length, load_model, machine_load, results_dir, step_times, write_result
-from trl import GRPOConfig, GRPOTrainer
+from common import (
+    GRPO_BASELINES,
+    fixed_length,
+    interleaved_step_times,
+    load_model,
+    machine_load,
+    plot_step_times,
+    results_dir,
+    summarize,
+    write_result,
+)
 
 from trl_ext.models.chat_template import use_tool_chat_template
-from trl_ext.recipe import plot_learning_curves
 from trl_ext.self_play import workspace_task
 from trl_ext.self_play.workspace import seed_task_dataset
 from trl_ext.testing import ScriptedGeneration, cpu_test_args, tiny_causal_lm
@@ -109,152 +121,183 @@ MODEL_NAMES = {
     "default": "SmolLM2-135M-Instruct (embedded default), float32",
     "tiny": "random-weight 2-layer Llama (hidden 64) with SmolLM2's tokenizer, float32",
 }
+CONFIGS = (*GRPO_BASELINES, "absolute_zero")  # the order the trainers take their steps in
 
 
-def run(config: str, steps: int, model_name: str, prompts: int) -> dict:
-    model, tok = MODELS[model_name]()
-    use_tool_chat_template(tok)
-    task = workspace_task()
-    self_play, grpo_script = scripts(tok)
-    common = dict(
-        max_steps=steps + 1,
-        learning_rate=1e-6,
-        activation_checkpointing=False,
-        shuffle_dataset=False,
-        max_completion_length=3 * TURN_TOKENS + 64,
-        max_tool_calling_iterations=1,
-        reward_weights=list(task.reward_weights),
-    )
-    if config == "absolute_zero":
-        args = cpu_test_args(
-            tempfile.mkdtemp(),
-            AbsoluteZeroConfig,
-            per_device_train_batch_size=prompts * G,
-            num_generations=G,
-            num_questions_per_prompt=K,
-            max_question_length=PROPOSAL_TOKENS,
-            max_repropose_attempts=1,
-            learnability_criteria=task.learnability_criteria,
-            **common,
+class Run:
+    """One configuration's trainer with its scripted generation, and what it counts besides `step_time`."""
+
+    def __init__(self, config: str, steps: int, model_name: str, prompts: int):
+        model, tok = MODELS[model_name]()
+        use_tool_chat_template(tok)
+        task = workspace_task()
+        self_play, grpo_script = scripts(tok)
+        common = dict(
+            max_steps=steps + 1,
+            learning_rate=1e-6,
+            activation_checkpointing=False,
+            shuffle_dataset=False,
+            max_completion_length=3 * TURN_TOKENS + 64,
+            max_tool_calling_iterations=1,
+            reward_weights=list(task.reward_weights),
         )
-        trainer = AbsoluteZeroTrainer(
-            model,
-            task.reward_funcs,
-            args=args,
-            train_dataset=task.seed_prompts(64, 0),
-            processing_class=tok,
-            parse_question=task.parse_question,
-            solver_prompt_fn=task.solver_prompt_fn,
-            environment_factory=task.environment_factory,
-        )
-        script, trained_rows = self_play, prompts * G + prompts
-    else:
-        rows = prompts * (K + K * G)
-        args = cpu_test_args(
-            tempfile.mkdtemp(), GRPOConfig, per_device_train_batch_size=rows, num_generations=K + K * G, **common
-        )
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=task.reward_funcs,
-            args=args,
-            train_dataset=seed_task_dataset(64, 0),
-            processing_class=tok,
-            environment_factory=task.environment_factory,
-        )
-        script, trained_rows = grpo_script, rows
-    generated = []
+        if config == "absolute_zero":
+            args = cpu_test_args(
+                tempfile.mkdtemp(),
+                AbsoluteZeroConfig,
+                per_device_train_batch_size=prompts * G,
+                num_generations=G,
+                num_questions_per_prompt=K,
+                max_question_length=PROPOSAL_TOKENS,
+                max_repropose_attempts=1,
+                learnability_criteria=task.learnability_criteria,
+                **common,
+            )
+            self.trainer = AbsoluteZeroTrainer(
+                model,
+                task.reward_funcs,
+                args=args,
+                train_dataset=task.seed_prompts(64, 0),
+                processing_class=tok,
+                parse_question=task.parse_question,
+                solver_prompt_fn=task.solver_prompt_fn,
+                environment_factory=task.environment_factory,
+            )
+            script, self.trained_rows = self_play, prompts * G + prompts
+        else:  # one of the GRPO baselines: as TRL ships it, or on the trainers' CPU log-prob path
+            trainer_cls, config_cls = GRPO_BASELINES[config]
+            rows = prompts * (K + K * G)
+            args = cpu_test_args(
+                tempfile.mkdtemp(), config_cls, per_device_train_batch_size=rows, num_generations=K + K * G, **common
+            )
+            self.trainer = trainer_cls(
+                model=model,
+                reward_funcs=task.reward_funcs,
+                args=args,
+                train_dataset=seed_task_dataset(64, 0),
+                processing_class=tok,
+                environment_factory=task.environment_factory,
+            )
+            script, self.trained_rows = grpo_script, rows
+        self.steps = steps
+        self.generated = []
 
-    def counted(prompt_text, j):
-        out = script(prompt_text, j)
-        generated.append(len(out))
-        return out
+        def counted(prompt_text, j):
+            out = script(prompt_text, j)
+            self.generated.append(len(out))
+            return out
 
-    rollout_times = []
-    rollout = trainer._generate_and_score_completions
+        self.rollout_times = []
+        rollout = self.trainer._generate_and_score_completions
 
-    def timed_rollout(*a, **kw):  # instance attribute: the class's method is untouched
-        start = time.perf_counter()
-        out = rollout(*a, **kw)
-        rollout_times.append(time.perf_counter() - start)
-        return out
+        def timed_rollout(*a, **kw):  # instance attribute: the class's method is untouched
+            start = time.perf_counter()
+            out = rollout(*a, **kw)
+            self.rollout_times.append(time.perf_counter() - start)
+            return out
 
-    trainer._generate_and_score_completions = timed_rollout
-    with ScriptedGeneration(trainer, counted) as generation:
-        trainer.train()
-    logs = [log for log in trainer.state.log_history if "step_time" in log]
+        self.trainer._generate_and_score_completions = timed_rollout
+        self.generation = ScriptedGeneration(self.trainer, counted)
+
+    def counts(self) -> dict:
+        """After training: the rollout phase's times (warm-up step dropped) and the per-step counts."""
+        logs = [log for log in self.trainer.state.log_history if "step_time" in log]
+        return {
+            "rollout_time_s": self.rollout_times[1:],
+            "trained_rows_per_step": self.trained_rows,
+            "generation_calls_per_step": len(self.generation.calls) / (self.steps + 1),
+            "tool_calls_per_episode": statistics.mean(log["workspace/tool_calls_per_episode"] for log in logs),
+            "generated_tokens_per_step": sum(self.generated) / (self.steps + 1),
+        }
+
+
+def measure(repeats: int, steps: int, model_name: str, prompts: int) -> tuple[dict, dict]:
+    """Each repeat builds fresh trainers of every configuration and runs them one step each in turn; returns every
+    configuration's step times (warm-up steps dropped) and its counts, per repeat."""
+    times = {config: [] for config in CONFIGS}
+    counts = {config: [] for config in CONFIGS}
+    for _ in range(repeats):
+        runs = {config: Run(config, steps, model_name, prompts) for config in CONFIGS}
+        for config, step_times in interleaved_step_times(
+            {config: (run.trainer, run.generation) for config, run in runs.items()}
+        ).items():
+            times[config] += step_times
+            counts[config].append(runs[config].counts())
+            print(config, step_times, counts[config][-1], flush=True)
+    return times, counts
+
+
+def compare(times: dict[str, list[float]], counts: dict[str, list[dict]]) -> dict:
+    """The step times against each GRPO baseline (`summarize`), per configuration its step time per trained row and
+    its counts, and the ratios per trained row to each baseline: the configurations train different numbers of rows
+    from the same generated tokens."""
+    summary = summarize(times)
+    per_config = {}
+    for config, runs in counts.items():
+        rows = runs[0]["trained_rows_per_step"]
+        rollout = [t for run in runs for t in run["rollout_time_s"]]
+        per_config[config] = {
+            "trained_rows_per_step": rows,
+            "step_time_per_trained_row_s": {
+                "min": summary[config]["min_s"] / rows,
+                "median": summary[config]["median_s"] / rows,
+            },
+            "rollout_time_s": {"min": min(rollout), "median": statistics.median(rollout)},
+            **{
+                key: statistics.mean(run[key] for run in runs)
+                for key in ("generation_calls_per_step", "tool_calls_per_episode", "generated_tokens_per_step")
+            },
+        }
+    az = per_config["absolute_zero"]["step_time_per_trained_row_s"]
     return {
-        "step_time_s": step_times(trainer)[1:],
-        "rollout_time_s": rollout_times[1:],
-        "trained_rows_per_step": trained_rows,
-        "generation_calls_per_step": len(generation.calls) / (steps + 1),
-        "tool_calls_per_episode": statistics.mean(log["workspace/tool_calls_per_episode"] for log in logs),
-        "generated_tokens_per_step": sum(generated) / (steps + 1),
-    }
-
-
-def summarize(runs: list[dict]) -> dict:
-    times = [t for r in runs for t in r["step_time_s"]]
-    per_row = [t / runs[0]["trained_rows_per_step"] for t in times]
-    rollout = [t for r in runs for t in r["rollout_time_s"]]
-    return {
-        "step_time_s": {
-            "min": min(times),
-            "median": statistics.median(times),
-            "spread": max(times) - min(times),
-            "all": times,
+        "step_times": summary,
+        "configs": per_config,
+        "ratio_per_trained_row": {
+            baseline: {
+                "median": az["median"] / per_config[baseline]["step_time_per_trained_row_s"]["median"],
+                "min": az["min"] / per_config[baseline]["step_time_per_trained_row_s"]["min"],
+            }
+            for baseline in GRPO_BASELINES
         },
-        "step_time_per_trained_row_s": {"min": min(per_row), "median": statistics.median(per_row)},
-        "rollout_time_s": {"min": min(rollout), "median": statistics.median(rollout)},
-        "trained_rows_per_step": runs[0]["trained_rows_per_step"],
-        "generation_calls_per_step": statistics.mean(r["generation_calls_per_step"] for r in runs),
-        "tool_calls_per_episode": statistics.mean(r["tool_calls_per_episode"] for r in runs),
-        "generated_tokens_per_step": statistics.mean(r["generated_tokens_per_step"] for r in runs),
     }
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2, help="measured steps per run (after one warm-up step)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per config, interleaved A B A B")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per config, fresh trainers each")
     parser.add_argument("--model", choices=sorted(MODELS), default="default")
     parser.add_argument("--prompts", type=int, default=4, help="seed prompts per step (see the docstring)")
     args = parser.parse_args()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    runs = {"absolute_zero": [], "grpo": []}
     load_before = machine_load()
-    for _ in range(args.repeats):
-        for config in runs:
-            runs[config].append(run(config, args.steps, args.model, args.prompts))
-            print(config, runs[config][-1], flush=True)
+    times, counts = measure(args.repeats, args.steps, args.model, args.prompts)
     result = {
         "model": f"{MODEL_NAMES[args.model]}, CPU, TRL Qwen2.5 tool template",
         "steps_measured_per_run": args.steps,
+        "repeats": args.repeats,
         "seed_prompts_per_step": args.prompts,
         "load_before": load_before,
         "load_after": machine_load(),
-        "order": "interleaved " + " ".join(["A B"] * args.repeats) + " (A = absolute_zero, B = grpo)",
-        **{config: summarize(r) for config, r in runs.items()},
+        "order": f"{args.repeats} x fresh trainers running one step each in turn ({', '.join(CONFIGS)}); "
+        "warm-up step dropped",
+        **compare(times, counts),
     }
-    az, grpo = result["absolute_zero"], result["grpo"]
-    result["ratio_per_trained_row_median"] = (
-        az["step_time_per_trained_row_s"]["median"] / grpo["step_time_per_trained_row_s"]["median"]
-    )
-    result["ratio_per_trained_row_min"] = (
-        az["step_time_per_trained_row_s"]["min"] / grpo["step_time_per_trained_row_s"]["min"]
-    )
     write_result(RESULTS / "workspace_overhead.json", result, seeds=[0])  # every trainer: cpu_test_args' seed
-    points = [
-        {"step": i + 1, "absolute_zero": a, "grpo": g}
-        for i, (a, g) in enumerate(zip(az["step_time_s"]["all"], grpo["step_time_s"]["all"]))
-    ]
-    plot_learning_curves(
-        points,
-        ["absolute_zero", "grpo"],
-        RESULTS / "workspace_overhead.png",
-        "step time (s), workspace environment, equal generated tokens (runs interleaved)",
+    az, grpo = result["configs"]["absolute_zero"], result["configs"]["grpo"]
+    per_row = ", ".join(f"{ratio['median']:.2f}x vs {name}" for name, ratio in result["ratio_per_trained_row"].items())
+    panel = (
+        f"workspace environment, {az['generated_tokens_per_step']:.0f} generated tokens per step each\n"
+        f"rows trained per step: Absolute Zero {az['trained_rows_per_step']}, GRPO {grpo['trained_rows_per_step']}\n"
+        f"Absolute Zero per trained row (medians): {per_row}"
     )
-    print({k: v for k, v in result.items() if not isinstance(v, dict)})
+    plot_step_times(
+        {panel: result["step_times"]},
+        RESULTS / "workspace_overhead.png",
+        "Absolute Zero vs GRPOTrainer (as TRL ships it; on the CPU log-prob path), interleaved steps",
+    )
+    print({k: v for k, v in result.items() if k not in ("step_times", "configs")})
 
 
 if __name__ == "__main__":

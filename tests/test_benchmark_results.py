@@ -164,3 +164,55 @@ def test_every_committed_result_records_its_provenance(path):
 
 def test_every_legacy_entry_names_a_committed_result():
     assert set(LEGACY) <= {path.name for path in COMMITTED if path.parent == BENCHMARKS / "results"}
+
+
+def _workspace_counts(rows, rollout):
+    return {
+        "rollout_time_s": rollout,
+        "trained_rows_per_step": rows,
+        "generation_calls_per_step": 2.0,
+        "tool_calls_per_episode": 1.0,
+        "generated_tokens_per_step": 896.0,
+    }
+
+
+def test_workspace_bench_compares_absolute_zero_to_both_grpo_baselines(tmp_path, monkeypatch):
+    import workspace_bench
+
+    assert set(workspace_bench.CONFIGS) == {"grpo", "grpo_cpu_tiles", "absolute_zero"}
+    times = {"grpo": [40.0, 48.0], "grpo_cpu_tiles": [4.0, 6.0], "absolute_zero": [2.0, 3.0]}
+    counts = {
+        "grpo": [_workspace_counts(40, [0.2, 0.3])],
+        "grpo_cpu_tiles": [_workspace_counts(40, [0.2, 0.2])],
+        "absolute_zero": [_workspace_counts(20, [0.1]), _workspace_counts(20, [0.3])],  # two repeats
+    }
+    monkeypatch.setattr(workspace_bench, "measure", lambda *args: (times, counts))
+    monkeypatch.setattr(workspace_bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["workspace_bench.py", "--model", "tiny", "--repeats", "2"])
+    workspace_bench.main()
+    result = json.loads((tmp_path / "workspace_overhead.json").read_text())
+    # per trained row: Absolute Zero 2.5 / 20 (median), 2 / 20 (min) against 44 / 40 and 40 / 40, 5 / 40 and 4 / 40
+    assert result["ratio_per_trained_row"] == {
+        "grpo": {"median": pytest.approx(0.125 / 1.1), "min": pytest.approx(0.1)},
+        "grpo_cpu_tiles": {"median": pytest.approx(1.0), "min": pytest.approx(1.0)},
+    }
+    absolute_zero = result["step_times"]["absolute_zero"]
+    assert absolute_zero["vs_grpo"]["ratio_of_medians"] == pytest.approx(2.5 / 44)
+    assert absolute_zero["vs_grpo_cpu_tiles"]["ratio_of_mins"] == pytest.approx(0.5)
+    assert result["configs"]["absolute_zero"]["rollout_time_s"] == {"min": 0.1, "median": pytest.approx(0.2)}
+    assert result["configs"]["grpo"]["step_time_per_trained_row_s"] == {"min": 1.0, "median": 1.1}
+    assert {"commit", "command", "seeds"} <= set(result["provenance"]) and (
+        tmp_path / "workspace_overhead.png"
+    ).exists()
+
+
+def test_workspace_bench_runs_each_baseline_on_its_trainer():
+    import workspace_bench
+
+    from trl_ext.models.logprob_tiles import CPULogprobTiles
+
+    trainers = {config: workspace_bench.Run(config, 1, "tiny", 1).trainer for config in workspace_bench.CONFIGS}
+    assert type(trainers["grpo"]) is common.GRPOTrainer  # as TRL ships it
+    assert isinstance(trainers["grpo_cpu_tiles"], CPULogprobTiles)
+    assert type(trainers["absolute_zero"]).__name__ == "AbsoluteZeroTrainer"
+    assert trainers["grpo_cpu_tiles"].args.per_device_train_batch_size == 10  # K + K * G rows per seed prompt
