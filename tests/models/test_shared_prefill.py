@@ -67,6 +67,25 @@ def test_same_sequences_with_each_shared_position_prefilled_once(model_and_pad, 
     assert calls[3:] == [((5, 1), True)] * 5
 
 
+def test_padding_beyond_the_longest_prompt(model_and_pad):
+    # TRL pads to `pad_to_multiple_of`: columns of padding in every row
+    model, pad = model_and_pad
+    width = max(map(len, PROMPTS)) + 3
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in PROMPTS])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    kwargs = dict(max_new_tokens=6, pad_token_id=pad, do_sample=True)
+    torch.manual_seed(0)
+    plain = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    calls = forwards(model)
+    torch.manual_seed(0)
+    try:
+        shared = shared_prefill_generate(model, model.generate, input_ids, attention_mask, **kwargs)
+    finally:
+        del model.forward
+    assert torch.equal(plain, shared)
+    assert calls[:3] == [((1, 5), True), ((3, 6), True), ((5, 1), True)]
+
+
 def test_repeated_prompts_without_a_shared_prefix(model_and_pad):
     model, pad = model_and_pad
     prompts = [[20, 21, 22], [30, 31], [20, 21, 22], [30, 31]]
@@ -90,6 +109,7 @@ def test_rows_of_one_shared_prompt_and_its_last_token(model_and_pad):
         ([[7], [7], [8]], {}),  # repeated, but only the last token: nothing to prefill before generate's own
         (PROMPTS, dict(num_return_sequences=2, do_sample=True)),  # generate expands the rows itself
         (PROMPTS, dict(num_beams=2)),
+        (PROMPTS, dict(no_repeat_ngram_size=2)),  # reads the prompt as a sequence: it would see the middle padding
     ],
 )
 def test_plain_generate_where_the_layout_does_not_apply(model_and_pad, prompts, kwargs):
@@ -121,9 +141,10 @@ def test_trainer_generation_shares_prefill_unless_turned_off(tmp_path, monkeypat
     model, tokenizer = tiny_causal_lm(seed=1, hidden_size=32, dtype=torch.float64, initializer_range=0.5)
     calls = []
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape[0])
-        return shared_prefill_generate(*args, **kwargs)
+    def spy(model, generate, input_ids, attention_mask, **kwargs):
+        # the rows, and whether the call takes the shared layout (TRL's generation config passes the checks)
+        calls.append((input_ids.shape[0], shared_prefill._plan(model, input_ids, attention_mask, kwargs) is not None))
+        return shared_prefill_generate(model, generate, input_ids, attention_mask, **kwargs)
 
     monkeypatch.setattr("trl_ext.trainers.seams.generation_backends.shared_prefill_generate", spy)
     rows = [[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 9], [5, 6, 9]]
@@ -133,6 +154,6 @@ def test_trainer_generation_shares_prefill_unless_turned_off(tmp_path, monkeypat
         torch.manual_seed(0)
         completions[shared], _ = trainer._generate_single_turn(rows, None, {}, 2)
         assert "generate" not in vars(trainer.accelerator.unwrap_model(trainer.model_wrapped))  # restored
-    assert calls == [4]  # one call, with TRL's four rows, and none with shared_prefill=False
+    assert calls == [(4, True)]  # one call, with TRL's four rows, shared; none with shared_prefill=False
     assert completions[True] == completions[False]
     assert len({tuple(c) for c in completions[True]}) > 1

@@ -14,9 +14,11 @@ as in the left-padded batch: the completions are those of the left-padded call, 
 differently shaped matrix products. The returned sequences have the caller's left-padded prompt columns, so the
 completions start where the caller expects.
 
-Anything this layout does not cover (an encoder-decoder, a sliding-window, recurrent or static cache, beams, several
-returned sequences per row, dict outputs, extra model inputs such as images, attention other than SDPA or eager)
-goes to `model.generate` unchanged, as does a batch with neither a shared prefix nor a repeated prompt.
+Anything this layout does not cover (an encoder-decoder or vision-language model, PEFT prompt learning, a
+sliding-window, recurrent or static cache, beams, several returned sequences per row, dict outputs, extra model inputs,
+attention other than SDPA or eager, or any generation setting that reads the prompt as a sequence, such as n-gram bans
+or stop strings) goes to `model.generate` unchanged, as does a batch with neither a shared prefix nor a repeated
+prompt.
 """
 
 from __future__ import annotations
@@ -27,22 +29,30 @@ import torch
 from transformers import DynamicCache
 
 
-# generate() keywords that only select settings; anything else (pixel values, token type ids, ...) is a model input
+# generate() settings that read each row only token by token (sampling, lengths, special ids) or that must be plain
+# for one cache row per prompt row, filled before generate, to be what generate would build. A setting that reads the
+# prompt's token sequence (no_repeat_ngram_size, multi-token bad words or sequence biases, stop strings, ...) would see
+# the padding in the middle of a row: any setting not listed here sends the call to generate unchanged.
 _SETTINGS = {
-    "generation_config",
     "max_new_tokens",
+    "max_length",
+    "min_new_tokens",
     "do_sample",
     "temperature",
     "top_p",
     "top_k",
     "min_p",
-    "repetition_penalty",
+    "repetition_penalty",  # a set of the row's tokens: the same padding count whichever the layout
     "pad_token_id",
+    "bos_token_id",
     "eos_token_id",
     "disable_compile",
+    "output_attentions",
+    "output_hidden_states",
+    "transformers_version",
+    "_from_model_config",
 }
-# generation settings under which one cache row per prompt row, filled before generate, is what generate would build
-# (unset, None, means generate's default: these)
+# ... of which these only at their plain value (unset, None, means generate's default: the plain one)
 _PLAIN = {
     "num_beams": 1,
     "num_return_sequences": 1,
@@ -50,6 +60,8 @@ _PLAIN = {
     "use_cache": True,
     "cache_implementation": None,
     "prefill_chunk_size": None,
+    "output_attentions": False,
+    "output_hidden_states": False,
 }
 
 
@@ -77,12 +89,19 @@ def shared_prefill_generate(model, generate, input_ids: torch.Tensor, attention_
 
 def _plan(model, input_ids, attention_mask, kwargs):
     """`(prefix, distinct rests, each row's rest index, pad id)`, or None when the call goes to generate unchanged."""
-    if set(kwargs) - _SETTINGS or input_ids.dim() != 2 or model.config.is_encoder_decoder:
+    if input_ids.dim() != 2 or model.config.is_encoder_decoder:
         return None
+    if model.config.get_text_config() is not model.config:
+        return None  # a composite (vision-language) model: its rope offsets are set at the first prefill
+    peft_config = getattr(model, "active_peft_config", None)
+    if peft_config is not None and peft_config.is_prompt_learning:
+        return None  # virtual tokens and the adapter's own cache
     config = kwargs.get("generation_config") or model.generation_config
+    settings = {**config.to_diff_dict(), **{k: v for k, v in kwargs.items() if k != "generation_config"}}
+    if set(settings) - _SETTINGS - set(_PLAIN):
+        return None
     for name, plain in _PLAIN.items():
-        value = kwargs.get(name, getattr(config, name, None))
-        if value is not None and value != plain:  # None: generate's default, the plain one
+        if settings.get(name) is not None and settings[name] != plain:
             return None
     if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager"):
         return None  # kernels that unpad by the mask (flash attention) are not tested with padding mid-row
