@@ -42,7 +42,12 @@ def forwards(model):
 
 
 def both(model, pad, prompts, **kwargs):
-    input_ids, attention_mask, width = left_padded(prompts, pad, "cpu")
+    input_ids, attention_mask, _ = left_padded(prompts, pad, "cpu")
+    return compare(model, pad, input_ids, attention_mask, **kwargs)
+
+
+def compare(model, pad, input_ids, attention_mask, **kwargs):
+    """Plain `generate` and the shared prefill on the same seed, and the forwards of the latter."""
     kwargs = dict(max_new_tokens=6, pad_token_id=pad, **kwargs)
     torch.manual_seed(0)
     plain = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
@@ -73,15 +78,7 @@ def test_padding_beyond_the_longest_prompt(model_and_pad):
     width = max(map(len, PROMPTS)) + 3
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in PROMPTS])
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
-    kwargs = dict(max_new_tokens=6, pad_token_id=pad, do_sample=True)
-    torch.manual_seed(0)
-    plain = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    calls = forwards(model)
-    torch.manual_seed(0)
-    try:
-        shared = shared_prefill_generate(model, model.generate, input_ids, attention_mask, **kwargs)
-    finally:
-        del model.forward
+    plain, shared, calls = compare(model, pad, input_ids, attention_mask, do_sample=True)
     assert torch.equal(plain, shared)
     assert calls[:3] == [((1, 5), True), ((3, 6), True), ((5, 1), True)]
 
