@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from _stats import bootstrap_interval, normalise_question, paired_difference_interval
@@ -49,6 +48,7 @@ from common import (
     machine_load,
     plot_step_times,
     results_dir,
+    scratch_dir,
     summarize,
     write_result,
 )
@@ -91,7 +91,7 @@ def overhead(steps: int) -> dict:
         max_completion_length=length,
     )
     args = cpu_test_args(
-        tempfile.mkdtemp(),
+        scratch_dir(),
         AbsoluteZeroConfig,
         per_device_train_batch_size=prompts * g,
         num_generations=g,
@@ -119,7 +119,7 @@ def overhead(steps: int) -> dict:
     for name, (trainer_cls, config_cls) in GRPO_BASELINES.items():
         model, tok = load_model()
         args = cpu_test_args(
-            tempfile.mkdtemp(),
+            scratch_dir(),
             config_cls,
             per_device_train_batch_size=rows,
             num_generations=rows // 2,
@@ -189,7 +189,7 @@ def question_key(question: dict) -> str:
 
 
 def curve_run(steps: int | None, task: str, seed: int, heldout_size: int | None) -> dict:
-    output_dir = Path(tempfile.mkdtemp())
+    output_dir = Path(scratch_dir())
     argv = ["--config", str(ROOT / "recipes" / "configs" / CPU_CONFIGS[task]), "--output_dir", str(output_dir)]
     argv += ["--seed", str(seed)]
     argv += ["--max_steps", str(steps)] if steps is not None else []

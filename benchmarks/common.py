@@ -32,6 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RLCR_CPU_CONFIG = ROOT / "recipes" / "configs" / "rlcr_smollm2_cpu.yaml"  # the RLCR recipe's embedded default
 
 
+# Checkpoints and recipe outputs of one benchmark process (GBs per run): removed when the process exits.
+_SCRATCH = tempfile.TemporaryDirectory(prefix="trl_ext_bench_")
+
+
+def scratch_dir(prefix: str | None = None) -> str:
+    """A new folder for a run's outputs inside this process's scratch folder, which is removed at exit."""
+    return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH.name)
+
+
 def results_dir() -> Path:
     """Where a benchmark writes its JSON and plots: `benchmarks/results/` (the committed figures), or
     `$TRL_EXT_BENCH_RESULTS` (gpu_check.sh points it at a new folder unless asked to replace them)."""
@@ -178,7 +187,7 @@ def rlcr_cpu_run(flags: tuple[str, ...] = ()):
 
     parser = TrlParser((RLCRScriptArguments, RLCRMultiTurnConfig, ModelConfig))
     script_args, training_args, _ = parser.parse_args_and_config(
-        args=with_default_config(["--output_dir", tempfile.mkdtemp(), *flags], RLCR_CPU_CONFIG)
+        args=with_default_config(["--output_dir", scratch_dir(), *flags], RLCR_CPU_CONFIG)
     )
     return (script_args, training_args, *datasets_for(script_args, training_args))
 

@@ -106,7 +106,7 @@ class PhaseSampler:
 
 def build(name: str, model_kind: str):
     """`(trainer, script)` for one configuration; see the module docstring for how pairs match."""
-    from common import device_args, fixed_length, load_model
+    from common import device_args, fixed_length, load_model, scratch_dir
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -132,7 +132,7 @@ def build(name: str, model_kind: str):
     def first_good(completions, **kwargs):  # half the rows succeed: replay stores and replays
         return [float(i % 2 == 0) for i in range(len(completions))]
 
-    out = tempfile.mkdtemp()
+    out = scratch_dir()
     if name == "rlcr":  # 2 prompts x 4 answers (64 tokens) x 2 confidences (16 tokens): 8 + 16 rows
         args = cpu_test_args(
             out,
@@ -279,20 +279,21 @@ def configs(max_steps: int | None, only: list[str] | None) -> dict:
         script = {"absolute_zero_code": "absolute_zero", "absolute_zero_workspace": "absolute_zero"}.get(
             recipe, recipe
         )
+        output_dir = tempfile.TemporaryDirectory(prefix=f"{path.stem}_")  # the recipe's checkpoints: GBs
         cmd = [
             sys.executable,
             str(ROOT / "recipes" / f"{script}.py"),
             "--config",
             str(path),
             "--output_dir",
-            tempfile.mkdtemp(),
+            output_dir.name,
             "--save_strategy",
             "no",
         ]
         if max_steps:
             cmd += ["--max_steps", str(max_steps)]
         started, peak, timeline = time.monotonic(), 0.0, []
-        with open(os.devnull, "w") as sink:
+        with output_dir, open(os.devnull, "w") as sink:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
             root = psutil.Process(proc.pid)
             while proc.poll() is None:

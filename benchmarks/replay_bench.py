@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
 from _stats import bootstrap_interval, normalise_question, paired_difference_interval
@@ -60,6 +59,7 @@ from common import (
     results_dir,
     rlcr_cpu_run,
     rlcr_cpu_warmup,
+    scratch_dir,
     summarize,
     write_result,
 )
@@ -123,7 +123,7 @@ def make_trainer(
             eval_strategy="steps", eval_steps=eval_steps or max(steps // 4, 1), per_device_eval_batch_size=32
         )
     if replay or heldout is not None:
-        args = cpu_test_args(tempfile.mkdtemp(), ReplayGRPOConfig, **common, **replay_args)
+        args = cpu_test_args(scratch_dir(), ReplayGRPOConfig, **common, **replay_args)
         return ReplayGRPOTrainer(
             model=model,
             reward_funcs=rewards,
@@ -133,7 +133,7 @@ def make_trainer(
             processing_class=tokenizer,
         )
     trainer_cls, config_cls = GRPO_BASELINES[grpo]
-    args = cpu_test_args(tempfile.mkdtemp(), config_cls, **common)
+    args = cpu_test_args(scratch_dir(), config_cls, **common)
     return trainer_cls(model=model, reward_funcs=rewards, args=args, train_dataset=data, processing_class=tokenizer)
 
 

@@ -75,6 +75,7 @@ from common import (
     plot_step_times,
     results_dir,
     rlcr_cpu_run,
+    scratch_dir,
     summarize,
     write_result,
 )
@@ -126,7 +127,7 @@ def overhead(steps: int, model_path: str | None = None) -> dict:
     for name, (trainer_cls, config_cls) in GRPO_BASELINES.items():
         model, tok = load_model(model_path)
         args = cpu_test_args(
-            tempfile.mkdtemp(), config_cls, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
+            scratch_dir(), config_cls, per_device_train_batch_size=g_a * (1 + g_c), num_generations=g_a, **common
         )
         grpo = trainer_cls(
             model=model, reward_funcs=make_accuracy_reward(), args=args, train_dataset=data, processing_class=tok
@@ -143,7 +144,7 @@ def overhead(steps: int, model_path: str | None = None) -> dict:
     for name, share_prefix in (("rlcr", True), ("rlcr_unpacked", False)):
         model, tok = load_model(model_path)
         args = cpu_test_args(
-            tempfile.mkdtemp(),
+            scratch_dir(),
             RLCRMultiTurnConfig,
             per_device_train_batch_size=g_a,
             num_generations=g_a,
@@ -400,7 +401,7 @@ def calibration(
             model, tokenizer = load_model(model_path, torch.float32)
             args = deepcopy(base_args)
             args.__dict__.update(
-                output_dir=tempfile.mkdtemp(),
+                output_dir=scratch_dir(),
                 seed=seed,
                 max_steps=steps,
                 save_strategy="no",
@@ -442,7 +443,7 @@ def calibration(
         rows = single_rows or matched_rows(target, reply_tokens, settings["num_generations"])
         fixed = dict(seed=seed, max_steps=steps, per_device_train_batch_size=rows, logging_steps=1)
         machine = {"bf16": base_args.bf16, "activation_checkpointing": False, **device_args()}
-        args = cpu_test_args(tempfile.mkdtemp(), GRPOConfig, **{**machine, **settings, **fixed})
+        args = cpu_test_args(scratch_dir(), GRPOConfig, **{**machine, **settings, **fixed})
         trainer = AnswerKLGRPOTrainer(
             model=model,
             reward_funcs=single_turn_rlcr_reward(),
@@ -659,7 +660,7 @@ def calibration_parallel(args, extra: list[str]) -> tuple[dict, list[dict]]:
 
     from trl_ext.evaluation.records import read_jsonl
 
-    tmp = Path(tempfile.mkdtemp(prefix="rlcr_calibration_"))
+    tmp = Path(tempfile.mkdtemp(prefix="rlcr_calibration_"))  # small (logs, JSON): kept for a failed seed's log
     flags = ["--split", args.split, "--evaluate-every", str(args.evaluate_every)]
     flags += ["--agreement-samples", str(args.agreement_samples), "--methods", *args.methods]
     flags += ["--confidence-samples", str(args.confidence_samples)]

@@ -40,7 +40,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 from common import (
@@ -51,6 +50,7 @@ from common import (
     machine_load,
     plot_step_times,
     results_dir,
+    scratch_dir,
     summarize,
     write_result,
 )
@@ -143,7 +143,7 @@ class Run:
         )
         if config == "absolute_zero":
             args = cpu_test_args(
-                tempfile.mkdtemp(),
+                scratch_dir(),
                 AbsoluteZeroConfig,
                 per_device_train_batch_size=prompts * G,
                 num_generations=G,
@@ -168,7 +168,7 @@ class Run:
             trainer_cls, config_cls = GRPO_BASELINES[config]
             rows = prompts * (K + K * G)
             args = cpu_test_args(
-                tempfile.mkdtemp(), config_cls, per_device_train_batch_size=rows, num_generations=K + K * G, **common
+                scratch_dir(), config_cls, per_device_train_batch_size=rows, num_generations=K + K * G, **common
             )
             self.trainer = trainer_cls(
                 model=model,

@@ -2,6 +2,7 @@
 merge of runs that belong together (benchmarks/common.py, benchmarks/merge_results.py)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,21 @@ def test_merge_script_concatenates_records(tmp_path):
     merged = json.loads(out.read_text())
     assert set(merged["runs"]) == {"x", "y"} and "provenance" in merged
     assert read_jsonl(tmp_path / "merged.jsonl") == [{"file": "a.json", "run": "x"}, {"file": "b.json", "run": "y"}]
+
+
+def test_run_outputs_are_removed_when_the_benchmark_exits(tmp_path):
+    code = "import common; from pathlib import Path; d = Path(common.scratch_dir()); (d / 'ckpt').write_text('x'); print(d)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=BENCHMARKS,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folder = Path(proc.stdout.split()[-1])
+    assert folder.is_relative_to(tmp_path) and not folder.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_a_copy_records_the_commit_it_was_made_from(tmp_path, monkeypatch):

@@ -36,6 +36,19 @@ def test_runner_reports_a_missing_result(tmp_path):
         run_torchrun(script, nproc=2, timeout=120)
 
 
+def test_ranks_temporary_files_are_removed_with_the_run(tmp_path):
+    script = tmp_path / "scratch.py"
+    script.write_text(
+        "import tempfile\nfrom pathlib import Path\nfrom trl_ext.testing import write_rank_result\n"
+        "folder = Path(tempfile.mkdtemp())\n(folder / 'checkpoint').write_bytes(b'x' * 1024)\n"
+        "write_rank_result({'folder': str(folder)})\n"
+    )
+    folders = [Path(r["folder"]) for r in run_torchrun(script, nproc=2, timeout=120)]
+    assert folders[0] != folders[1] and folders[0].parent == folders[1].parent
+    assert folders[0].parent.name == "tmp" and folders[0].parent.parent.name.startswith("trl_ext_torchrun_")
+    assert not any(folder.exists() for folder in folders)  # gone with the run, not left in /tmp
+
+
 def test_runner_reports_a_hang_and_kills_every_rank(tmp_path):
     script = tmp_path / "hang.py"
     pids = tmp_path / "pids"

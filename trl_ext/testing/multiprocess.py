@@ -78,15 +78,18 @@ def run_torchrun(
     """Run `script` with `torchrun --standalone --nproc_per_node nproc` and return each rank's result, by rank.
 
     CUDA is hidden and each rank gets one thread, so the run is CPU-only and does not oversubscribe small machines.
-    A timeout (deadlock) or a non-zero exit raises `RuntimeError` carrying the end of the combined output.
+    The ranks' temporary files (output dirs, checkpoints) go to a folder removed with the results. A timeout (deadlock) or a non-zero exit raises `RuntimeError` carrying the end of the combined output.
     """
     with tempfile.TemporaryDirectory(prefix="trl_ext_torchrun_") as results_dir:
+        scratch = Path(results_dir) / "tmp"
+        scratch.mkdir()
         run_env = {
             **os.environ,
             "CUDA_VISIBLE_DEVICES": "",
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
             RESULTS_ENV: results_dir,
+            "TMPDIR": str(scratch),
             **(env or {}),
         }
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
