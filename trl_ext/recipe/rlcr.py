@@ -267,10 +267,11 @@ def heldout_evaluation(
         for i, record in enumerate(trainer.heldout_records)
     ]
     cost = confidence_cost = None
-    if agreement_samples:
-        cost = add_sampling_agreement(trainer, evaluation, rows, agreement_samples)
-    if confidence_samples:
-        confidence_cost = add_confidence_samples(trainer, rows, confidence_samples)
+    with trainer.accelerator.autocast():  # the training's precision, before train() as after (see evaluate_base)
+        if agreement_samples:
+            cost = add_sampling_agreement(trainer, evaluation, rows, agreement_samples)
+        if confidence_samples:
+            confidence_cost = add_confidence_samples(trainer, rows, confidence_samples)
     result = calibration_evaluation(
         rows,
         rlcr_paper_convention=rlcr_paper_metrics,
@@ -287,24 +288,26 @@ def evaluate_base(base_path, tokenizer, evaluation, trainer, script_args, model_
     """The base model (before the format warm-up) evaluated greedily on `evaluation`, by every process on its own
     training device (`trainer.accelerator.device`): each answers the same rows, so none waits on another in a
     collective (one process evaluating alone on CPU would keep the others waiting past the collective timeout at
-    1.5B). The main process writes `reliability_base.png`, `eval_base.json` and `eval_base.jsonl`."""
+    1.5B). The main process writes `reliability_base.png`, `eval_base.json` and `eval_base.jsonl`. It generates
+    under the trainer's mixed precision, as the trainer's own evaluations do."""
     accelerator = trainer.accelerator
     base = AutoModelForCausalLM.from_pretrained(
         base_path, dtype=model_args.dtype, revision=model_args.model_revision
     ).to(accelerator.device)
-    result = evaluate_calibration(
-        base,
-        tokenizer,
-        evaluation,
-        trainer.args,
-        batch_size=trainer.args.per_device_eval_batch_size,
-        rlcr_paper_convention=script_args.rlcr_paper_metrics,
-        accuracy_func=accuracy_func(script_args) or verify_answer,
-        progress=accelerator.is_main_process,
-        group_column=script_args.group_column,
-        agreement_samples=script_args.agreement_samples,
-        confidence_samples=script_args.confidence_samples,
-    )
+    with accelerator.autocast():
+        result = evaluate_calibration(
+            base,
+            tokenizer,
+            evaluation,
+            trainer.args,
+            batch_size=trainer.args.per_device_eval_batch_size,
+            rlcr_paper_convention=script_args.rlcr_paper_metrics,
+            accuracy_func=accuracy_func(script_args) or verify_answer,
+            progress=accelerator.is_main_process,
+            group_column=script_args.group_column,
+            agreement_samples=script_args.agreement_samples,
+            confidence_samples=script_args.confidence_samples,
+        )
     del base
     if accelerator.is_main_process:
         write_evaluation(result, trainer.args.output_dir, "base")

@@ -63,15 +63,18 @@ class GenerationBackends:
                     "without vLLM. For generation-heavy runs launch with accelerate_configs/fsdp2_generation.yaml "
                     "(fsdp_reshard_after_forward: false: one all-gather per layer per step), or use vLLM (docs/gpu.md)."
                 )
-            if not self._shares_prefill():
-                return super()._generate_single_turn(
-                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-                )
-            model = self.accelerator.unwrap_model(self.model_wrapped)
-            with scoped_call(model, generate=functools.partial(shared_prefill_generate, model, model.generate)):
-                return super()._generate_single_turn(
-                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-                )
+            # train() wraps the model's forward in accelerate's mixed-precision autocast: generating under it here
+            # too measures an evaluation made before train() (the "before" of a report) as the ones made after.
+            with self.accelerator.autocast():
+                if not self._shares_prefill():
+                    return super()._generate_single_turn(
+                        prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                    )
+                model = self.accelerator.unwrap_model(self.model_wrapped)
+                with scoped_call(model, generate=functools.partial(shared_prefill_generate, model, model.generate)):
+                    return super()._generate_single_turn(
+                        prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                    )
         vllm = self.vllm_generation
         if not self._vllm_awake:
             # Asleep at level 2, the engine holds no weights: push them (sync_weights wakes the weights first), then
