@@ -108,8 +108,8 @@ def format_warmup(
             [...]}`, -100 on tokens outside the loss), as `SFTTrainer` reads them.
         learning_rate, num_train_epochs, per_device_train_batch_size, bf16, seed: The SFT run's settings
             (constant learning rate, no checkpoints, float32 weights, activations recomputed in the backward, and
-            on CPU only the completions scored, in small tiles; `bf16` trains with bf16 autocast, which CPUs with
-            AVX512-BF16 or AMX also run faster).
+            on CPU only the completions scored, in small tiles; `bf16` trains with bf16 autocast, faster on GPUs and
+            CPUs with AMX, slower on the 2-core reference CPU: benchmarks/precision_bench.py).
         cache_dir: Parent directory of the built checkpoints. Defaults to `<cache_root>/warmup`.
 
     The build runs in a child process with no distributed environment: called from every rank of a `torchrun` or
