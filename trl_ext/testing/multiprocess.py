@@ -78,7 +78,8 @@ def run_torchrun(
     """Run `script` with `torchrun --standalone --nproc_per_node nproc` and return each rank's result, by rank.
 
     CUDA is hidden and each rank gets one thread, so the run is CPU-only and does not oversubscribe small machines.
-    The ranks' temporary files (output dirs, checkpoints) go to a folder removed with the results. A timeout (deadlock) or a non-zero exit raises `RuntimeError` carrying the end of the combined output.
+    The ranks' temporary files (`$TMPDIR`: output dirs, checkpoints) go to a folder removed with the results.
+    A timeout (deadlock) or a non-zero exit raises `RuntimeError` carrying the end of the combined output.
     """
     with tempfile.TemporaryDirectory(prefix="trl_ext_torchrun_") as results_dir:
         scratch = Path(results_dir) / "tmp"
