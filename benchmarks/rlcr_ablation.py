@@ -133,8 +133,8 @@ VARIANTS = {
     # DAPO-style refill: prompts whose answers are all right or all wrong are answered again (up to 4 more calls)
     # until one of them is right and another wrong, so the confidence turn sees answers with different labels
     "refill4": ["--answer_refill_rounds", "4"],
-    "refill2": ["--answer_refill_rounds", "2"],  # half the extra generation calls; the CPU default since
-    "refill0": ["--answer_refill_rounds", "0"],  # the default without its refill
+    "refill2": ["--answer_refill_rounds", "2"],  # half the extra generation calls
+    "refill0": ["--answer_refill_rounds", "0"],  # no refill, whatever the config says
     # both: one level's questions, so the form tells nothing, and groups refilled until their answers differ
     "level2_refill4": ["--train_levels", "2", "--answer_refill_rounds", "4"],
     "base_s1": ["--seed", "1"],
