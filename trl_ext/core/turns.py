@@ -40,6 +40,24 @@ class FollowUpTurn:
         closing = [] if finished else self.end_of_turn_ids
         return [int(t) for t in prompt_ids] + answer_ids + closing + self.suffix_ids
 
+    def first_turn_ids(self, tokenizer, prompts: Sequence[list[dict]], **chat_template_kwargs) -> list[list[int]]:
+        """The conversational `prompts` as first-turn prompt ids (with the generation prompt), rendered with
+        [`chat_template`] so that the whole conversation follows one template, as in training."""
+        return [
+            [
+                int(t)
+                for t in tokenizer.apply_chat_template(
+                    p,
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
+                    chat_template=self.chat_template,
+                    **chat_template_kwargs,
+                )
+            ]
+            for p in prompts
+        ]
+
 
 class NotPrefixPreservingError(ValueError):
     """The chat template renders the first turns differently once a user message follows."""

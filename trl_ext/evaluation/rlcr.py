@@ -133,20 +133,7 @@ def evaluate_calibration(
     rows, sampled_tokens, confidence_tokens = [], 0, 0
     for start in tqdm(range(0, len(dataset), batch_size), desc="calibration eval", disable=not progress):
         batch = dataset[start : start + batch_size]
-        prompts = [
-            [
-                int(t)
-                for t in tokenizer.apply_chat_template(
-                    p,
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    return_dict=False,
-                    chat_template=turn.chat_template,
-                    **(args.chat_template_kwargs or {}),
-                )
-            ]
-            for p in batch["prompt"]
-        ]
+        prompts = turn.first_turn_ids(tokenizer, batch["prompt"], **(args.chat_template_kwargs or {}))
         answers = greedy_completions(model, tokenizer, prompts, args.max_completion_length)
         turn2 = [turn.prompt_ids(p, a, [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
         confidences = greedy_completions(model, tokenizer, turn2, args.max_confidence_length)

@@ -156,16 +156,8 @@ def sample_answers(
     device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device).eval()
     # The answer turn's prompt as the trainers and the evaluation render it (TRL's training template when needed).
-    template = follow_up_turn(tokenizer, confidence_prompt, [tokenizer.eos_token_id], **kwargs).chat_template
-    ids = [
-        [
-            int(t)
-            for t in tokenizer.apply_chat_template(
-                p, add_generation_prompt=True, tokenize=True, return_dict=False, chat_template=template, **kwargs
-            )
-        ]
-        for p in prompts
-    ]
+    turn = follow_up_turn(tokenizer, confidence_prompt, [tokenizer.eos_token_id], **kwargs)
+    ids = turn.first_turn_ids(tokenizer, prompts, **kwargs)
     return sampled_parses(
         model,
         tokenizer,
