@@ -137,6 +137,10 @@ VARIANTS = {
     "refill0": ["--answer_refill_rounds", "0"],  # no refill, whatever the config says
     # both: one level's questions, so the form tells nothing, and groups refilled until their answers differ
     "level2_refill4": ["--train_levels", "2", "--answer_refill_rounds", "4"],
+    # the confidence turn sampled hotter than the answers: its siblings keep disagreeing (their advantages nonzero)
+    # for longer, so RL keeps a signal to learn the readout from (benchmarks/rlcr_probe.py: the hidden state at the
+    # confidence turn separates right from wrong within levels, the stated confidence does not)
+    "conf_t1.5": ["--confidence_temperature", "1.5"],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],
