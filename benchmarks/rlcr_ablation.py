@@ -141,6 +141,10 @@ VARIANTS = {
     # for longer, so RL keeps a signal to learn the readout from (benchmarks/rlcr_probe.py: the hidden state at the
     # confidence turn separates right from wrong within levels, the stated confidence does not)
     "conf_t1.5": ["--confidence_temperature", "1.5"],
+    # the warm-up's stated confidences read off the probability of the model's own answer (a chance of being right,
+    # fitted on the RL rows' gold answers); with a KL anchor on the confidence turn too, so RL keeps what it taught
+    "probability_warmup": ["--warmup_confidences", "answer_probability"],
+    "probability_warmup_conf_kl0.5": ["--warmup_confidences", "answer_probability", "--confidence_beta", "0.5"],
     "base_s1": ["--seed", "1"],
     "beta0.1_s1": ["--beta", "0.1", "--seed", "1"],
     "lans0_beta0.1_s1": ["--lambda_ans", "0", "--beta", "0.1", "--seed", "1"],

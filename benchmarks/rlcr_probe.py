@@ -41,7 +41,7 @@ def features(model, tokenizer, rows, args, accuracy, layers, batch_size, stated:
     token (one array per layer), the probability of the answer's tokens, and (with `stated`) the greedy stated
     confidence and the stated distribution's mean over tenths ([`expected_tenths`])."""
     from trl_ext.core.turns import follow_up_turn
-    from trl_ext.evaluation.greedy import greedy_completions, left_padded
+    from trl_ext.evaluation.greedy import completion_probabilities, greedy_completions, left_padded
     from trl_ext.rewards import extract_answer, extract_confidence
 
     kwargs = args.chat_template_kwargs or {}
@@ -54,16 +54,12 @@ def features(model, tokenizer, rows, args, accuracy, layers, batch_size, stated:
         prompts = turn.first_turn_ids(tokenizer, batch["prompt"], **kwargs)
         answers = greedy_completions(model, tokenizer, prompts, args.max_completion_length)
         turn2 = [turn.prompt_ids(p, a, [eos]) for p, a in zip(prompts, answers)]
-        input_ids, mask, width = left_padded(turn2, tokenizer.pad_token_id, model.device)
-        # Rotary positions: the left padding shifts a row's positions alike, which leaves its attention unchanged.
-        result = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
-        logprobs = torch.log_softmax(result.logits.float(), dim=-1)
-        for i, (prompt, answer) in enumerate(zip(prompts, answers)):
-            begin = width - len(turn2[i]) + len(prompt)  # the answer's first position in the padded row
-            picked = [logprobs[i, begin + j - 1, t].item() for j, t in enumerate(answer)]
-            out["answer_prob"].append(float(np.exp(np.mean(picked))) if picked else 0.0)
+        out["answer_prob"] += completion_probabilities(model, tokenizer, prompts, answers)
+        input_ids, mask, _ = left_padded(turn2, tokenizer.pad_token_id, model.device)
+        hidden = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        for i in range(len(turn2)):
             for layer in layers:
-                out[f"layer{layer}"].append(result.hidden_states[layer][i, -1].float().numpy())
+                out[f"layer{layer}"].append(hidden[layer][i, -1].float().numpy())
         if stated:
             out["expected"] += expected_tenths(model, tokenizer, turn2, args.confidence_tag)
             confidences = greedy_completions(model, tokenizer, turn2, args.max_confidence_length)

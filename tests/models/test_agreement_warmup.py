@@ -2,7 +2,7 @@
 
 import pytest
 
-from trl_ext.models import agreement_warmup
+from trl_ext.models import agreement_warmup, warmup
 from trl_ext.models.agreement_warmup import (
     agreement_confidence_examples,
     agreement_examples,
@@ -149,11 +149,12 @@ def test_sampled_examples_are_built_once_and_reused(tmp_path, monkeypatch):
     stage1 = _digit_checkpoint(tmp_path / "stage1")
     builds = []
 
-    def in_process(spec, out):  # the child's work, here (a child process only adds an interpreter start)
+    def in_process(module, spec, spec_file, out, failure):  # the child's work, here (a child adds only a start)
+        assert module == "trl_ext.models.agreement_warmup"
         builds.append(spec)
         agreement_warmup._build(spec, out)
 
-    monkeypatch.setattr(agreement_warmup, "_sample_in_child", in_process)
+    monkeypatch.setattr(warmup, "run_module_in_child", in_process)
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in range(3)]
     kwargs = {"seed": 5, "max_new_tokens": 3, "lenient": True, "use_cpu": True, "cache_dir": tmp_path / "cache"}
     built = agreement_examples(stage1, rows, 4, CONF, **kwargs)
@@ -182,7 +183,9 @@ def test_the_sampling_runs_outside_the_job_with_every_core(tmp_path, monkeypatch
     monkeypatch.setattr(subprocess, "run", lambda cmd, env, check: seen.update(cmd=cmd, env=env))
     for name, value in {"RANK": "1", "WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}.items():
         monkeypatch.setenv(name, value)
-    agreement_warmup._sample_in_child({"stage1": "x"}, tmp_path)
+    warmup.run_module_in_child(
+        "trl_ext.models.agreement_warmup", {"stage1": "x"}, tmp_path / "spec", tmp_path, failure=""
+    )
     assert seen["cmd"][1:3] == ["-m", "trl_ext.models.agreement_warmup"]
     assert not {"RANK", "WORLD_SIZE", "ACCELERATE_USE_CPU", "OMP_NUM_THREADS"} & set(seen["env"])
     assert not list(tmp_path.iterdir())  # the spec file is removed
@@ -197,7 +200,6 @@ def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
 
     from datasets import Dataset
 
-    from trl_ext.models import warmup
     from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
 
     digits = _digit_checkpoint(tmp_path / "digits")
@@ -210,9 +212,9 @@ def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
     monkeypatch.setattr(warmup, "_train_in_child", fake_train)
     sampled = []
     monkeypatch.setattr(
-        agreement_warmup,
-        "_sample_in_child",
-        lambda spec, out: sampled.append(spec["k"]) or agreement_warmup._build(spec, out),
+        warmup,
+        "run_module_in_child",
+        lambda module, spec, spec_file, out, failure: sampled.append(spec["k"]) or agreement_warmup._build(spec, out),
     )
     monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
     train = Dataset.from_list(

@@ -36,3 +36,20 @@ def greedy_completions(model, tokenizer, prompts: list[list[int]], max_new_token
     for row in out[:, width:].tolist():
         completions.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
     return completions
+
+
+@torch.no_grad()
+def completion_probabilities(model, tokenizer, prompts: list[list[int]], completions: list[list[int]]) -> list[float]:
+    """Per prompt, the probability the model gives its completion's tokens, as the geometric mean over the tokens
+    (`exp` of their mean log-prob: a length-free number in [0, 1]); 0.0 for an empty completion. One teacher-forced
+    forward of the left-padded batch (rotary positions: the padding shifts a row's positions alike, which leaves its
+    attention unchanged)."""
+    rows = [p + c for p, c in zip(prompts, completions)]
+    input_ids, attention_mask, width = left_padded(rows, tokenizer.pad_token_id, model.device)
+    logprobs = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention_mask).logits.float(), dim=-1)
+    out = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        begin = width - len(rows[i]) + len(prompt)  # the completion's first position in the padded row
+        picked = [logprobs[i, begin + j - 1, t].item() for j, t in enumerate(completion)]
+        out.append(float(torch.tensor(picked).mean().exp()) if picked else 0.0)
+    return out

@@ -16,7 +16,6 @@ distributed environment.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -26,8 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..rewards.parsing import normalize_answer
-from .cache import build_once, cache_root
-from .warmup import _base_fingerprint, _short_name, run_module_in_child
+from .warmup import cached_child_build
 
 
 # Bump when the sampling or the example builder changes, so cached examples are rebuilt instead of reused.
@@ -210,32 +208,17 @@ def agreement_examples(
         "chat_template_kwargs": chat_template_kwargs or {},
         "max_answers_per_row": int(max_answers_per_row),
     }
-    payload = {"format": _BUILD_FORMAT, "base": _base_fingerprint(stage1), **spec}
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-    # Where the samples are drawn does not make them other examples: `use_cpu` is left out of the key.
-    spec = {**spec, "use_cpu": bool(use_cpu)}
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "warmup-agreement"
-    target = root / f"{_short_name(stage1)}-{key[:16]}"
-    path = build_once(
-        target,
-        lambda out: _sample_in_child(spec, out),
-        marker=json.dumps({"stage1": str(stage1), "key": key}) + "\n",
-        announce=f"trl-ext: sampling {k} answers per row of {len(rows)} from {stage1} for the agreement warm-up, "
-        f"saved in {target} (once)",
+    path = cached_child_build(
+        "trl_ext.models.agreement_warmup",
+        stage1,
+        spec,
+        {"format": _BUILD_FORMAT},
+        {"use_cpu": bool(use_cpu)},  # where the samples are drawn does not make them other examples
+        "warmup-agreement",
+        f"trl-ext: sampling {k} answers per row of {len(rows)} from {stage1} for the agreement warm-up",
+        cache_dir,
     )
     return json.loads((Path(path) / EXAMPLES_FILE).read_text())
-
-
-def _sample_in_child(spec: dict, out: Path) -> None:
-    """Run [`_build`] as `python -m trl_ext.models.agreement_warmup`, as the format warm-up trains: without the job's
-    distributed environment, with every core (the other ranks wait on the lock)."""
-    run_module_in_child(
-        "trl_ext.models.agreement_warmup",
-        spec,
-        out / ".agreement-spec.json",
-        out,
-        failure=f"sampling the agreement warm-up from {spec['stage1']} failed",
-    )
 
 
 def _build(spec: dict, out: Path) -> None:
@@ -273,7 +256,7 @@ def _build(spec: dict, out: Path) -> None:
     (out / EXAMPLES_FILE).write_text(json.dumps({"examples": examples, "stats": stats, "answers": answers}))
 
 
-if __name__ == "__main__":  # the child process of `_sample_in_child`
+if __name__ == "__main__":  # the child process of `cached_child_build`
     import sys
 
     _build(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))

@@ -239,6 +239,35 @@ def run_module_in_child(module: str, spec: dict, spec_file: Path, out: Path, *, 
         spec_file.unlink(missing_ok=True)
 
 
+def cached_child_build(
+    module: str,
+    stage1: str,
+    spec: dict,
+    key_extra: dict,
+    run_extra: dict,
+    cache_name: str,
+    announce: str,
+    cache_dir: str | os.PathLike | None = None,
+) -> str:
+    """The folder `python -m module` builds from `spec` (its `_build(spec, out)`), built once and cached under
+    `cache_name` (or `cache_dir`), keyed by `spec`, `key_extra` (e.g. a build-format number) and the fingerprint of
+    the `stage1` checkpoint it reads; `run_extra` joins the spec without joining the key (where the build runs does
+    not change what it builds). Built in a child process without the job's distributed environment: one rank
+    builds, the others wait on the lock."""
+    payload = {**key_extra, "base": _base_fingerprint(stage1), **spec}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / cache_name
+    target = root / f"{_short_name(stage1)}-{key[:16]}"
+    return build_once(
+        target,
+        lambda out: run_module_in_child(
+            module, {**spec, **run_extra}, out / ".spec.json", out, failure=f"{module} from {stage1} failed"
+        ),
+        marker=json.dumps({"stage1": str(stage1), "key": key}) + "\n",
+        announce=f"{announce}, saved in {target} (once)",
+    )
+
+
 def _train(base_model: str, examples: list[dict], settings: dict, out: Path) -> None:
     import tempfile
 

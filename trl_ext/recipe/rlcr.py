@@ -15,6 +15,7 @@ from ..evaluation.confidence_samples import mean_confidence, sampled_confidences
 from ..evaluation.records import write_jsonl
 from ..evaluation.rlcr import calibration_evaluation, evaluate_calibration
 from ..models.agreement_warmup import agreement_examples, balanced_by_share, share_distribution
+from ..models.probability_warmup import probability_examples
 from ..models.warmup import rlcr_format_examples
 from ..rewards.functions import is_missing, verify_answer
 from ..trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
@@ -92,7 +93,12 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             per warm-up row at temperature 1, and a second warm-up of the same settings trains the confidence turn to
             state, for up to two of the distinct answers sampled, the share of the samples that gave it (as many
             examples per stated value), beside the first stage's answer turns (gold) again (see
-            [`~trl_ext.models.agreement_warmup`]); the samples are drawn once and cached.
+            [`~trl_ext.models.agreement_warmup`]); the samples are drawn once and cached; `"answer_probability"`,
+            after the `"weighted"` warm-up too, the first stage's checkpoint answers each RL row greedily, and a
+            second warm-up trains the confidence turn to state, after that answer, the chance that it is right read
+            off the probability the model gave it (a logistic fit of the rows' correctness on its log-odds, rounded
+            to a tenth; as many examples per stated value), beside the first stage's answer turns (see
+            [`~trl_ext.models.probability_warmup`]); computed once and cached.
         warmup_agreement_samples (`int`, *optional*, defaults to `8`):
             Answers sampled per warm-up row at temperature 1 by `warmup_confidences="agreement"` (its stated
             confidences are multiples of 1/k rounded to a tenth). Unused by the other draws.
@@ -120,8 +126,9 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
         metadata={
             "help": "Draw of the warm-up's stated confidences: 'weighted' (mostly high), 'uniform', or 'agreement' "
             "(then a second warm-up on the share of sampled answers agreeing with each answer, beside the first "
-            "warm-up's gold answer turns).",
-            "choices": ["weighted", "uniform", "agreement"],
+            "warm-up's gold answer turns), or 'answer_probability' (a second warm-up stating the chance, read off its "
+            "probability, that the model's greedy answer to each RL row is right).",
+            "choices": ["weighted", "uniform", "agreement", "answer_probability"],
         },
     )
     warmup_agreement_samples: int = field(
@@ -463,25 +470,29 @@ def warm_up(model_path, train, script_args, training_args):
             f"--warmup_samples {n} leaves no rows: the training set has {len(train)} rows ({len(rows)} of the first "
             f"{n} with a gold answer). Lower --warmup_samples or give more data (--num_train_samples)."
         )
-    agreement = script_args.warmup_confidences == "agreement"
+    second = script_args.warmup_confidences if script_args.warmup_confidences in SECOND_STAGES else None
     examples = rlcr_format_examples(
         rows,
         training_args.confidence_prompt,
         seed=training_args.seed,
         answer_tag=training_args.answer_tag,
         confidence_tag=training_args.confidence_tag,
-        # "agreement" starts from the "weighted" warm-up: the same examples, hence the same cached checkpoint
-        confidence_draw="weighted" if agreement else script_args.warmup_confidences,
+        # the two-stage draws start from the "weighted" warm-up: the same examples, hence the same cached checkpoint
+        confidence_draw="weighted" if second else script_args.warmup_confidences,
     )
     path, seconds = script_args.build_warmup(model_path, examples, training_args)
     report = {"model": path, "rows": len(rows), "examples": len(examples), "seconds": seconds}
-    if agreement:
+    rest = train.select(range(n, len(train)))
+    if second:
         # The answer turns: the examples whose prompt holds no assistant message yet (the others are confidence turns).
         answer_turns = [e for e in examples if all(m["role"] != "assistant" for m in e["prompt"])]
-        report["agreement"] = agreement_stage(path, rows, answer_turns, script_args, training_args)
-        path = report["model"] = report["agreement"]["model"]
-        report["seconds"] += report["agreement"]["seconds"]
-    return path, train.select(range(n, len(train))), report
+        stage = SECOND_STAGES[second]
+        # the agreement stage samples the warm-up rows again; the answer-probability stage answers the RL rows, whose
+        # gold answers the first stage never saw (it would be right on its own warm-up rows far more often)
+        report[second] = stage(path, rows if second == "agreement" else rest, answer_turns, script_args, training_args)
+        path = report["model"] = report[second]["model"]
+        report["seconds"] += report[second]["seconds"]
+    return path, rest, report
 
 
 def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> dict:
@@ -514,15 +525,46 @@ def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> d
             "share to state. Use --warmup_confidences weighted, more --warmup_samples or --warmup_epochs, or "
             "--lenient_parsing."
         )
-    confidence_turns = balanced_by_share(built["examples"], training_args.seed, training_args.confidence_tag)
-    path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns, *confidence_turns], training_args)
+    return second_stage(stage1, built["examples"], stats, answer_turns, script_args, training_args, started)
+
+
+def probability_stage(stage1, rows, answer_turns, script_args, training_args) -> dict:
+    """`--warmup_confidences answer_probability`'s second stage: `stage1` fine-tuned again, with the same settings, on
+    confidence turns stating the chance that its greedy answer to each of `rows` is right, read off the probability
+    it gives that answer (computed once and cached, [`~trl_ext.models.probability_warmup`]), beside the first
+    stage's `answer_turns` (gold) again. Returns its report, as [`agreement_stage`]'s."""
+    started = time.monotonic()
+    built = probability_examples(
+        stage1,
+        rows,
+        training_args.confidence_prompt,
+        solution_column=training_args.solution_column,
+        max_new_tokens=training_args.max_completion_length,
+        answer_tag=training_args.answer_tag,
+        confidence_tag=training_args.confidence_tag,
+        lenient=training_args.lenient_parsing,
+        accuracy_func=script_args.accuracy_func,
+        chat_template_kwargs=training_args.chat_template_kwargs,
+        use_cpu=training_args.use_cpu,
+    )
+    return second_stage(stage1, built["examples"], built["stats"], answer_turns, script_args, training_args, started)
+
+
+def second_stage(stage1, confidence_turns, stats, answer_turns, script_args, training_args, started) -> dict:
+    """`stage1` fine-tuned on `confidence_turns` (as many per stated value) beside `answer_turns`; its report."""
+    balanced = balanced_by_share(confidence_turns, training_args.seed, training_args.confidence_tag)
+    path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns, *balanced], training_args)
     return {
         "model": path,
         **stats,
-        "balanced_shares": share_distribution(confidence_turns, training_args.confidence_tag),
+        "balanced_shares": share_distribution(balanced, training_args.confidence_tag),
         "sft_seconds": sft_seconds,
         "seconds": time.monotonic() - started,
     }
+
+
+# The two-stage warm-up draws: `--warmup_confidences` -> the second stage, after the "weighted" warm-up.
+SECOND_STAGES = {"agreement": agreement_stage, "answer_probability": probability_stage}
 
 
 def summary(report, output_dir, seconds):
