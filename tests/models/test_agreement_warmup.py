@@ -104,25 +104,6 @@ def test_the_per_row_cap_draws_answers_uniformly_and_deterministically():
         agreement_confidence_examples(ROWS, samples, CONF)
 
 
-def _digit_checkpoint(directory):
-    """A tiny random model that writes only digits: its output head scores the ten digit tokens (others 0), large
-    enough that the samples often agree, so lenient parsing finds answers to count."""
-    import torch
-
-    from trl_ext.testing import tiny_causal_lm
-
-    model, tokenizer = tiny_causal_lm(seed=0)
-    digits = tokenizer.convert_tokens_to_ids(list("0123456789"))
-    head = torch.zeros_like(model.lm_head.weight)
-    torch.manual_seed(1)
-    head[digits] = 20 * torch.randn(len(digits), head.size(1))
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(head)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory)
-
-
 def test_balancing_gives_every_stated_value_as_many_examples():
     def example(i, value):
         return {
@@ -143,10 +124,10 @@ def test_balancing_gives_every_stated_value_as_many_examples():
     assert balanced_by_share([], seed=0) == []
 
 
-def test_sampled_examples_are_built_once_and_reused(tmp_path, monkeypatch):
+def test_sampled_examples_are_built_once_and_reused(tmp_path, monkeypatch, digit_checkpoint):
     """End to end on a tiny random model: the samples parsed, the examples built from them and cached; a second call
     samples nothing."""
-    stage1 = _digit_checkpoint(tmp_path / "stage1")
+    stage1 = digit_checkpoint("stage1")
     builds = []
 
     def in_process(module, spec, spec_file, out, failure):  # the child's work, here (a child adds only a start)
@@ -191,48 +172,20 @@ def test_the_sampling_runs_outside_the_job_with_every_core(tmp_path, monkeypatch
     assert not list(tmp_path.iterdir())  # the spec file is removed
 
 
-def test_the_recipe_warms_up_in_two_stages(tmp_path, monkeypatch):
+def test_the_recipe_warms_up_in_two_stages(monkeypatch, recipe_warmup):
     """`--warmup_confidences agreement`: stage 1 is the "weighted" warm-up (the same build, so a cached one is
     reused), stage 2 fine-tunes its checkpoint on the sampled confidence turns beside stage 1's answer turns (gold)
     again, and RL starts from stage 2."""
-    import shutil
-    from types import SimpleNamespace
-
-    from datasets import Dataset
-
     from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
 
-    digits = _digit_checkpoint(tmp_path / "digits")
-    trained = []
-
-    def fake_train(base, examples, settings, out):  # a "trained" checkpoint: the digit model, whatever the base
-        trained.append((base, examples))
-        shutil.copytree(digits, out, dirs_exist_ok=True)
-
-    monkeypatch.setattr(warmup, "_train_in_child", fake_train)
     sampled = []
     monkeypatch.setattr(
         warmup,
         "run_module_in_child",
         lambda module, spec, spec_file, out, failure: sampled.append(spec["k"]) or agreement_warmup._build(spec, out),
     )
-    monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
-    train = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "solution": str(2 * i)} for i in range(5)]
-    )
-    training_args = SimpleNamespace(
-        confidence_prompt=CONF,
-        seed=3,
-        answer_tag="answer",
-        confidence_tag="confidence",
-        max_completion_length=3,
-        lenient_parsing=True,
-        chat_template_kwargs=None,
-        use_cpu=True,
-        bf16=False,
-    )
-    base = str(tmp_path / "base")
-    shutil.copytree(digits, base)
+    trained, base, training_args = recipe_warmup.trained, recipe_warmup.base, recipe_warmup.training_args
+    train = recipe_warmup.rows(5)
     weighted = warm_up(base, train, RLCRScriptArguments(warmup_samples=3), training_args)[0]
     args = RLCRScriptArguments(warmup_samples=3, warmup_confidences="agreement", warmup_agreement_samples=4)
     path, rest, report = warm_up(base, train, args, training_args)

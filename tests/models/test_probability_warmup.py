@@ -1,9 +1,6 @@
 """The answer-probability warm-up: the chance read off the probability of the model's own answer, the confidence-turn
 examples stating it, their cached build, and the recipe's two stages."""
 
-import shutil
-from types import SimpleNamespace
-
 import pytest
 
 from trl_ext.core.turns import follow_up_turn
@@ -56,24 +53,6 @@ def test_each_row_states_its_chance_after_its_own_answer():
         probability_confidence_examples(prompts, ["a", "b"], [0.1], CONF)
 
 
-def _digit_checkpoint(directory):
-    """A tiny random model that writes only digits, so that its greedy answers parse (leniently) as numbers."""
-    import torch
-
-    from trl_ext.testing import tiny_causal_lm
-
-    model, tokenizer = tiny_causal_lm(seed=0)
-    digits = tokenizer.convert_tokens_to_ids(list("0123456789"))
-    head = torch.zeros_like(model.lm_head.weight)
-    torch.manual_seed(1)
-    head[digits] = 20 * torch.randn(len(digits), head.size(1))
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(head)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return str(directory), model, tokenizer
-
-
 def _in_process(builds):
     def run(module, spec, spec_file, out, failure):  # the child's work, here (a child adds only an interpreter start)
         assert module == "trl_ext.models.probability_warmup"
@@ -91,9 +70,13 @@ def _greedy(model, tokenizer, prompts, n):
     return texts, completion_probabilities(model, tokenizer, ids, answers)
 
 
-def test_the_examples_state_the_chance_of_the_greedy_answers_and_are_built_once(tmp_path, monkeypatch):
-    stage1, model, tokenizer = _digit_checkpoint(tmp_path / "stage1")
-    model.eval()
+def test_the_examples_state_the_chance_of_the_greedy_answers_and_are_built_once(
+    tmp_path, monkeypatch, digit_checkpoint
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stage1 = digit_checkpoint("stage1")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(stage1).eval(), AutoTokenizer.from_pretrained(stage1)
     prompts = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(6)]
     texts, probabilities = _greedy(model, tokenizer, prompts, 3)
     # rows 0, 2 and 5 are right (their gold is the model's own answer), the others wrong
@@ -117,42 +100,16 @@ def test_the_examples_state_the_chance_of_the_greedy_answers_and_are_built_once(
     assert len(builds) == 2
 
 
-def test_the_recipe_states_the_chance_of_the_rl_rows_answers_in_a_second_stage(tmp_path, monkeypatch):
+def test_the_recipe_states_the_chance_of_the_rl_rows_answers_in_a_second_stage(monkeypatch, recipe_warmup):
     """`--warmup_confidences answer_probability`: stage 1 is the "weighted" warm-up (the same cached build), stage 2
     fine-tunes it on confidence turns after its own answers to the RL rows (whose gold it never saw) beside stage 1's
     answer turns (gold) again, and RL starts from stage 2."""
-    from datasets import Dataset
-
     from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
 
-    digits, _, _ = _digit_checkpoint(tmp_path / "digits")
-    trained = []
-
-    def fake_train(base, examples, settings, out):  # a "trained" checkpoint: the digit model, whatever the base
-        trained.append((base, examples))
-        shutil.copytree(digits, out, dirs_exist_ok=True)
-
-    monkeypatch.setattr(warmup, "_train_in_child", fake_train)
     builds = []
     monkeypatch.setattr(warmup, "run_module_in_child", _in_process(builds))
-    monkeypatch.setenv("TRL_EXT_CACHE", str(tmp_path / "cache"))
-    train = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "solution": str(2 * i)} for i in range(7)]
-    )
-    training_args = SimpleNamespace(
-        confidence_prompt=CONF,
-        seed=3,
-        answer_tag="answer",
-        confidence_tag="confidence",
-        solution_column="solution",
-        max_completion_length=3,
-        lenient_parsing=True,
-        chat_template_kwargs=None,
-        use_cpu=True,
-        bf16=False,
-    )
-    base = str(tmp_path / "base")
-    shutil.copytree(digits, base)
+    trained, base, training_args = recipe_warmup.trained, recipe_warmup.base, recipe_warmup.training_args
+    train = recipe_warmup.rows(7)
     weighted = warm_up(base, train, RLCRScriptArguments(warmup_samples=3), training_args)[0]
     args = RLCRScriptArguments(warmup_samples=3, warmup_confidences="answer_probability")
     path, rest, report = warm_up(base, train, args, training_args)
