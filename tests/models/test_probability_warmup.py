@@ -125,3 +125,20 @@ def test_the_recipe_states_the_chance_of_the_rl_rows_answers_in_a_second_stage(m
     assert {e["prompt"][0]["content"] for e in stage2[3:]} <= {f"What is {i} + {i}?" for i in range(3, 7)}
     # A second run: nothing answered or trained again.
     assert warm_up(base, train, args, training_args)[0] == path and len(trained) == 2 and len(builds) == 1
+
+
+def test_rl_rows_without_gold_are_left_out_and_none_is_a_clear_error(monkeypatch, recipe_warmup):
+    from trl_ext.recipe import rlcr
+    from trl_ext.recipe.rlcr import RLCRScriptArguments
+
+    seen = []
+    monkeypatch.setattr(
+        rlcr, "probability_examples", lambda stage1, rows, *a, **k: seen.append(rows) or {"examples": [], "stats": {}}
+    )
+    monkeypatch.setattr(rlcr, "second_stage", lambda *args: {})
+    args, training_args = RLCRScriptArguments(warmup_confidences="answer_probability"), recipe_warmup.training_args
+    rows = [{"prompt": [], "solution": "4"}, {"prompt": [], "solution": None}, {"prompt": [], "solution": " "}]
+    rlcr.probability_stage("stage1", rows, [], args, training_args)
+    assert seen == [rows[:1]]
+    with pytest.raises(ValueError, match="none of the 2 RL rows has a gold answer in 'solution'"):
+        rlcr.probability_stage("stage1", rows[1:], [], args, training_args)

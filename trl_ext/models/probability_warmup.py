@@ -100,7 +100,7 @@ def probability_examples(
     cache_dir=None,
 ) -> dict:
     """The stage's examples from the `stage1` checkpoint, computed once and cached: `{"examples": [...], "stats":
-    {rows, accuracy, auroc, calibration, shares, seconds}}`.
+    {rows, accuracy, auroc, calibration, shares, answering_seconds}}`.
 
     `rows` need a conversational `prompt` and their gold answer in `solution_column`; correctness is decided by
     `accuracy_func` (a dotted import path, as `--accuracy_func`; `None`: `verify_answer`). Called from every rank of a
@@ -169,7 +169,7 @@ def _build(spec: dict, out: Path) -> None:
         "auroc": auroc(probabilities, correct) if 0 < sum(correct) < len(correct) else None,
         "calibration": calibration,
         "shares": share_distribution(examples, spec["confidence_tag"]),
-        "seconds": round(time.monotonic() - started, 1),
+        "answering_seconds": round(time.monotonic() - started, 1),
     }
     (out / EXAMPLES_FILE).write_text(json.dumps({"examples": examples, "stats": stats}))
 

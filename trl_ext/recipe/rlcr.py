@@ -530,13 +530,20 @@ def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> d
 
 def probability_stage(stage1, rows, answer_turns, script_args, training_args) -> dict:
     """`--warmup_confidences answer_probability`'s second stage: `stage1` fine-tuned again, with the same settings, on
-    confidence turns stating the chance that its greedy answer to each of `rows` is right, read off the probability
-    it gives that answer (computed once and cached, [`~trl_ext.models.probability_warmup`]), beside the first
-    stage's `answer_turns` (gold) again. Returns its report, as [`agreement_stage`]'s."""
+    confidence turns stating the chance that its greedy answer to each of `rows` (those with a gold answer) is right,
+    read off the probability it gives that answer (computed once and cached, [`~trl_ext.models.probability_warmup`]),
+    beside the first stage's `answer_turns` (gold) again. Returns its report, as [`agreement_stage`]'s."""
     started = time.monotonic()
+    judged = [row for row in rows if not is_missing(row[training_args.solution_column])]
+    if not judged:
+        raise ValueError(
+            f"--warmup_confidences answer_probability: none of the {len(rows)} RL rows has a gold answer in "
+            f"'{training_args.solution_column}' to judge the model's answers by. Give gold answers, or use "
+            "--warmup_confidences weighted."
+        )
     built = probability_examples(
         stage1,
-        rows,
+        judged,
         training_args.confidence_prompt,
         solution_column=training_args.solution_column,
         max_new_tokens=training_args.max_completion_length,
