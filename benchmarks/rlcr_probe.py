@@ -252,7 +252,6 @@ def main() -> None:
     fit_rows = drawn.select(keep)
     rows = {"fit": fit_rows, "tune": tune_rows, "report": report_rows}
     accuracy = accuracy_func(script_args) or verify_answer
-    torch.manual_seed(cli.seed)
 
     result = {
         "run_dir": str(run_dir),
