@@ -34,6 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 # A checkout under a directory the sandbox replaces (its private /tmp) or hides is invisible to snippets: attacks on
 # it then fail with FileNotFoundError, and the sentinels go to /srv, which snippets see read-only like any host path.
 REPO_HIDDEN = any(REPO.is_relative_to(p) for p in ("/tmp", "/var/tmp", "/dev/shm", "/run"))
+# A checkout below a private directory (e.g. `mktemp -d`'s 0700) is out of the snippets' reach when they run as
+# another uid: sentinels put there could not be read even where the sandbox should allow it.
+REPO_REACHABLE = SANDBOX_UID == os.getuid() or all(p.stat().st_mode & stat.S_IXOTH for p in (REPO, *REPO.parents))
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux namespaces and rlimits")
 
 
@@ -91,9 +94,9 @@ def contacted(sockets: dict[str, socket.socket]) -> list[str]:
 @pytest.fixture(scope="module", autouse=True)
 def sentinels():
     """Files the snippets attack. They live inside the project (visible to the sandbox, unlike /tmp; /srv when the
-    project itself is under /tmp): a root-owned 0600 secret, a world-readable file, and a world-writable directory
-    with a world-writable file in it."""
-    parent = Path("/srv") if REPO_HIDDEN else REPO
+    project itself is under /tmp or below a directory the snippets' uid cannot enter): a root-owned 0600 secret, a
+    world-readable file, and a world-writable directory with a world-writable file in it."""
+    parent = Path("/srv") if REPO_HIDDEN or not REPO_REACHABLE else REPO
     parent.mkdir(exist_ok=True)
     base = parent / f".sandbox-sentinels-{uuid.uuid4().hex[:8]}"
     base.mkdir(mode=0o755)
