@@ -117,12 +117,13 @@ def probe(data: dict, layer: str, seed: int, fit_rows=None, intervals: bool = Tr
         model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000, random_state=seed))
         return model.fit(x["fit"][rows], y[rows])
 
+    models = {c: fitted(c) for c in C_GRID}
     tune = {
-        c: grouped_auroc(fitted(c).predict_proba(x["tune"])[:, 1], data["tune"]["correct"], data["tune"]["level"])
-        for c in C_GRID
+        c: grouped_auroc(m.predict_proba(x["tune"])[:, 1], data["tune"]["correct"], data["tune"]["level"])
+        for c, m in models.items()
     }
     best = max(C_GRID, key=lambda c: tune[c])
-    scores = fitted(best).predict_proba(x["report"])[:, 1]
+    scores = models[best].predict_proba(x["report"])[:, 1]
     report = calibration_report(
         scores, data["report"]["correct"], groups=data["report"]["level"], intervals=intervals, seed=seed
     )

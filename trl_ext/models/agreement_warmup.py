@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..rewards.parsing import normalize_answer
-from .warmup import cached_child_build
+from .warmup import cached_child_build, load_for_inference
 
 
 # Bump when the sampling or the example builder changes, so cached examples are rebuilt instead of reused.
@@ -142,17 +142,13 @@ def sample_answers(
 ) -> tuple[list[list[str | None]], int]:
     """`k` answers per conversational prompt sampled at temperature 1 from `checkpoint` (parsed with `answer_tag`,
     `None`: unparsable), rendered as the RLCR evaluation renders its answer turn, and the tokens generated."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..core.turns import follow_up_turn
     from ..evaluation.agreement import sampled_parses
     from ..rewards import extract_answer
 
     kwargs = chat_template_kwargs or {}
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device).eval()
+    model, tokenizer = load_for_inference(checkpoint, use_cpu)
     # The answer turn's prompt as the trainers and the evaluation render it (TRL's training template when needed).
     turn = follow_up_turn(tokenizer, confidence_prompt, [tokenizer.eos_token_id], **kwargs)
     ids = turn.first_turn_ids(tokenizer, prompts, **kwargs)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .agreement_warmup import share_distribution
-from .warmup import cached_child_build
+from .warmup import cached_child_build, load_for_inference
 
 
 # Bump when the answering, the calibration or the example builder changes, so cached examples are rebuilt.
@@ -131,8 +131,6 @@ def probability_examples(
 
 
 def _build(spec: dict, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..core.turns import follow_up_turn
     from ..evaluation.calibration import auroc
@@ -144,9 +142,7 @@ def _build(spec: dict, out: Path) -> None:
     started = time.monotonic()
     accuracy = load_function(spec["accuracy_func"], "--accuracy_func") if spec["accuracy_func"] else verify_answer
     kwargs = spec["chat_template_kwargs"]
-    tokenizer = AutoTokenizer.from_pretrained(spec["stage1"])
-    device = "cuda" if torch.cuda.is_available() and not spec["use_cpu"] else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(spec["stage1"], dtype=torch.float32).to(device).eval()
+    model, tokenizer = load_for_inference(spec["stage1"], spec["use_cpu"])
     # The answer turn's prompt as the trainers and the evaluation render it (TRL's training template when needed).
     turn = follow_up_turn(tokenizer, spec["confidence_prompt"], [tokenizer.eos_token_id], **kwargs)
     texts, probabilities, correct = [], [], []

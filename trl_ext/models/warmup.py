@@ -239,6 +239,17 @@ def run_module_in_child(module: str, spec: dict, spec_file: Path, out: Path, *, 
         spec_file.unlink(missing_ok=True)
 
 
+def load_for_inference(checkpoint: str, use_cpu: bool):
+    """`(model, tokenizer)` of `checkpoint` in float32 and eval mode, on CUDA unless `use_cpu`: how a child build reads
+    the first stage's checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = "cuda" if torch.cuda.is_available() and not use_cpu else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(checkpoint)
+
+
 def cached_child_build(
     module: str,
     stage1: str,
