@@ -127,6 +127,22 @@ def test_the_recipe_states_the_chance_of_the_rl_rows_answers_in_a_second_stage(m
     assert warm_up(base, train, args, training_args)[0] == path and len(trained) == 2 and len(builds) == 1
 
 
+def test_the_second_stage_trains_its_answer_turns_about_as_often_as_its_confidence_turns(monkeypatch, recipe_warmup):
+    """More RL rows than warm-up rows: stage 1's answer turns are repeated to about as many as the stage's confidence
+    turns, so the confidence examples do not outweigh the answers (the embedded default: 800 against 200)."""
+    from trl_ext.recipe.rlcr import RLCRScriptArguments, warm_up
+
+    monkeypatch.setattr(warmup, "run_module_in_child", _in_process([]))
+    trained, base, training_args = recipe_warmup.trained, recipe_warmup.base, recipe_warmup.training_args
+    args = RLCRScriptArguments(warmup_samples=2, warmup_confidences="answer_probability")
+    report = warm_up(base, recipe_warmup.rows(10), args, training_args)[2]["answer_probability"]
+    answer_turns, stage2 = trained[0][1][::2], trained[1][1]
+    confidences = sum(report["balanced_shares"].values())
+    repeats = report["answer_turn_repeats"]
+    assert len(answer_turns) == 2 and repeats == round(confidences / 2) >= 3
+    assert stage2[: 2 * repeats] == answer_turns * repeats and len(stage2) == 2 * repeats + confidences
+
+
 def test_rl_rows_without_gold_are_left_out_and_none_is_a_clear_error(monkeypatch, recipe_warmup):
     from trl_ext.recipe import rlcr
     from trl_ext.recipe.rlcr import RLCRScriptArguments
