@@ -193,12 +193,13 @@ def rlcr_cpu_run(flags: tuple[str, ...] = ()):
 
 
 def rlcr_cpu_warmup() -> tuple[str, str]:
-    """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default, built (once, cached)
-    exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
+    """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default: its first stage, built
+    (once, cached) exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model.
+    The recipe's second stage teaches only the confidence turn, which the benchmarks using this do not have."""
     from trl_ext.recipe import resolve_model
     from trl_ext.recipe.rlcr import warm_up
 
-    script_args, training_args, train, _ = rlcr_cpu_run()
+    script_args, training_args, train, _ = rlcr_cpu_run(("--warmup_confidences", "weighted"))
     path, _, _ = warm_up(resolve_model(None), train, script_args, training_args)
     return path, script_args.system_prompt
 

@@ -339,6 +339,13 @@ class EvaluateEvery(TrainerCallback):
             self._point(state)
 
 
+# Both methods start from one warm-up that teaches both formats: the recipe's first stage. Its second stage
+# (`answer_probability`, the CPU default) trains the multi-turn confidence turn alone, and the confidence KL that keeps
+# that stage's readout would anchor a turn the single-turn baseline does not have: both stay at the one-stage
+# default's settings (answer-only KL, as the baseline's).
+ONE_STAGE = ("--warmup_confidences", "weighted", "--confidence_beta", "0")
+
+
 def calibration(
     steps: int | None,
     seeds: list[int],
@@ -364,7 +371,7 @@ def calibration(
     from copy import deepcopy
 
     overrides = overrides or {}
-    flags = ("--eval_split", split, *(("--use_cpu", "false") if on_cuda() else ()))
+    flags = ("--eval_split", split, *ONE_STAGE, *(("--use_cpu", "false") if on_cuda() else ()))
     script_args, base_args, train, evaluation = rlcr_cpu_run(flags)
     steps = steps or base_args.max_steps
     n = script_args.warmup_samples
