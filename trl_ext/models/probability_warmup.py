@@ -12,7 +12,8 @@ This stage answers each given row greedily with the first stage's checkpoint, ta
 tokens (their geometric mean, [`~trl_ext.evaluation.greedy.completion_probabilities`]), maps it to a chance of being
 right with a logistic fit of the rows' correctness on its log-odds (the rows' gold answers decide correctness), and
 builds a confidence-turn example per row stating that chance rounded to a tenth. The checkpoint is then fine-tuned on
-these examples (as many per stated value) plus the first stage's answer turns (gold), with the same settings.
+these examples (as many per stated value) plus the first stage's answer turns (gold, repeated to about as many), with
+the same settings.
 
 The examples are cached like the checkpoints ([`~trl_ext.models.cache.build_once`]): keyed by the first stage's
 checkpoint, the rows and the parsing, computed once in a child process outside the job's distributed environment.

@@ -97,8 +97,9 @@ class RLCRScriptArguments(FormatWarmupArguments, RecipeScriptArguments):
             after the `"weighted"` warm-up too, the first stage's checkpoint answers each RL row greedily, and a
             second warm-up trains the confidence turn to state, after that answer, the chance that it is right read
             off the probability the model gave it (a logistic fit of the rows' correctness on its log-odds, rounded
-            to a tenth; as many examples per stated value), beside the first stage's answer turns (see
-            [`~trl_ext.models.probability_warmup`]); computed once and cached.
+            to a tenth; as many examples per stated value), beside the first stage's answer turns, repeated to about
+            as many (see [`~trl_ext.models.probability_warmup`]); computed once and cached. The embedded default's
+            CPU config uses it.
         warmup_agreement_samples (`int`, *optional*, defaults to `8`):
             Answers sampled per warm-up row at temperature 1 by `warmup_confidences="agreement"` (its stated
             confidences are multiples of 1/k rounded to a tenth). Unused by the other draws.
