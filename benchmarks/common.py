@@ -192,14 +192,18 @@ def rlcr_cpu_run(flags: tuple[str, ...] = ()):
     return (script_args, training_args, *datasets_for(script_args, training_args))
 
 
+# The recipe's warm-up without its second stage, which teaches only the multi-turn confidence turn: what benchmarks
+# whose models have no such turn (replay, the single-turn baseline's shared warm-up) start from.
+FIRST_STAGE = ("--warmup_confidences", "weighted")
+
+
 def rlcr_cpu_warmup() -> tuple[str, str]:
     """`(checkpoint, system prompt)` of the RLCR recipe's format warm-up of the embedded default: its first stage, built
-    (once, cached) exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model.
-    The recipe's second stage teaches only the confidence turn, which the benchmarks using this do not have."""
+    (once, cached) exactly as `accelerate launch recipes/rlcr.py` builds it, so benchmarks start from the same model."""
     from trl_ext.recipe import resolve_model
     from trl_ext.recipe.rlcr import warm_up
 
-    script_args, training_args, train, _ = rlcr_cpu_run(("--warmup_confidences", "weighted"))
+    script_args, training_args, train, _ = rlcr_cpu_run(FIRST_STAGE)
     path, _, _ = warm_up(resolve_model(None), train, script_args, training_args)
     return path, script_args.system_prompt
 

@@ -64,6 +64,7 @@ from pathlib import Path
 
 import torch
 from common import (
+    FIRST_STAGE,
     GRPO_BASELINES,
     device_args,
     device_name,
@@ -339,11 +340,10 @@ class EvaluateEvery(TrainerCallback):
             self._point(state)
 
 
-# Both methods start from one warm-up that teaches both formats: the recipe's first stage. Its second stage
-# (`answer_probability`, the CPU default) trains the multi-turn confidence turn alone, and the confidence KL that keeps
-# that stage's readout would anchor a turn the single-turn baseline does not have: both stay at the one-stage
-# default's settings (answer-only KL, as the baseline's).
-ONE_STAGE = ("--warmup_confidences", "weighted", "--confidence_beta", "0")
+# Both methods start from one warm-up that teaches both formats: the recipe's first stage. The confidence KL that keeps
+# the second stage's readout would anchor a turn the single-turn baseline does not have: multi-turn stays at the
+# one-stage default's answer-only KL, as the baseline's.
+ONE_STAGE = (*FIRST_STAGE, "--confidence_beta", "0")
 
 
 def calibration(

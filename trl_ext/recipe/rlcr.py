@@ -565,7 +565,7 @@ def second_stage(stage1, confidence_turns, stats, answer_turns, script_args, tra
     # The embedded default's stage states 800 confidences beside 200 answer turns: with each answer turn once, the
     # greedy accuracy after the stage fell in each of three seeds (0.255 -> 0.125, 0.275 -> 0.24, 0.145 -> 0.085 on
     # the tune split, against 400 confidences; docs/benchmarks.md, RLCR ablations).
-    repeats = max(1, round(len(balanced) / max(1, len(answer_turns))))
+    repeats = max(1, round(len(balanced) / len(answer_turns)))
     path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns * repeats, *balanced], training_args)
     return {
         "model": path,
