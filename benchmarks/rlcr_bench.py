@@ -64,7 +64,6 @@ from pathlib import Path
 
 import torch
 from common import (
-    FIRST_STAGE,
     GRPO_BASELINES,
     device_args,
     device_name,
@@ -80,9 +79,9 @@ from common import (
     summarize,
     write_result,
 )
-from single_turn_rlcr import AnswerKLGRPOTrainer, single_turn_rlcr_reward
+from single_turn_rlcr import AnswerKLGRPOTrainer, single_turn_rlcr_reward, single_turn_twins
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig
+from trl import GRPOConfig, GRPOTrainer
 
 from trl_ext import default_model_path
 from trl_ext.data import graded_arithmetic
@@ -91,6 +90,7 @@ from trl_ext.evaluation.greedy import greedy_completions
 from trl_ext.evaluation.records import prompt_text
 from trl_ext.evaluation.rlcr import MEAN_OF_K, calibration_evaluation, evaluate_calibration
 from trl_ext.models.warmup import rlcr_format_examples
+from trl_ext.recipe.rlcr import SECOND_STAGES
 from trl_ext.rewards import extract_answer, extract_confidence, make_accuracy_reward, verify_answer
 from trl_ext.testing import ScriptedGeneration, cpu_test_args
 from trl_ext.trainers import RLCRMultiTurnConfig, RLCRMultiTurnTrainer
@@ -340,10 +340,19 @@ class EvaluateEvery(TrainerCallback):
             self._point(state)
 
 
-# Both methods start from one warm-up that teaches both formats: the recipe's first stage. The confidence KL that keeps
-# the second stage's readout would anchor a turn the single-turn baseline does not have: multi-turn stays at the
-# one-stage default's answer-only KL, as the baseline's.
-ONE_STAGE = (*FIRST_STAGE, "--confidence_beta", "0")
+def single_turn_trainer(base_args):
+    """The baseline's trainer with multi-turn's KL placement: on the answer tokens only (`AnswerKLGRPOTrainer`) when
+    multi-turn's confidence rows have none (`confidence_beta 0`), on every token (GRPOTrainer) when they have the
+    answers' `beta`. A single-turn reply has one KL coefficient, so other settings have no counterpart."""
+    confidence_beta = base_args.beta if base_args.confidence_beta is None else base_args.confidence_beta
+    if confidence_beta == 0:
+        return AnswerKLGRPOTrainer
+    if confidence_beta == base_args.beta:
+        return GRPOTrainer
+    raise SystemExit(
+        f"confidence_beta {confidence_beta} differs from beta {base_args.beta} and from 0: the single-turn baseline "
+        "has one KL coefficient for its whole reply. Use --confidence_beta 0 or the value of --beta."
+    )
 
 
 def calibration(
@@ -371,27 +380,50 @@ def calibration(
     from copy import deepcopy
 
     overrides = overrides or {}
-    flags = ("--eval_split", split, *ONE_STAGE, *(("--use_cpu", "false") if on_cuda() else ()))
+    flags = ("--eval_split", split, *(("--use_cpu", "false") if on_cuda() else ()))
     script_args, base_args, train, evaluation = rlcr_cpu_run(flags)
-    steps = steps or base_args.max_steps
+    # the recipe's split of its training rows: the warm-up's first, RL's (and the second stage's) after them
     n = script_args.warmup_samples
+    warmup_rows, train = train.select(range(n)), train.select(range(n, len(train)))
+    steps = steps or base_args.max_steps
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
+
+    second = script_args.warmup_confidences
+    if second == "agreement":
+        raise SystemExit("--warmup_confidences agreement: the calibration benchmark has no single-turn twin of it")
 
     def warm_up(seed: int) -> str:
         # A seed is the whole pipeline, as the recipe's --seed is: the warm-up's confidence draw and SFT run too.
+        seeded = deepcopy(base_args)
+        seeded.seed = seed
         examples = rlcr_format_examples(
-            train.select(range(n)),
+            warmup_rows,
             base_args.confidence_prompt,
             seed=seed,
             single_turn_system_prompt=single_turn_prompt,
-            confidence_draw=script_args.warmup_confidences,
+            confidence_draw="weighted" if second in SECOND_STAGES else second,
         )
-        seeded = deepcopy(base_args)
-        seeded.seed = seed
-        return script_args.build_warmup(default_model_path(), examples, seeded)[0]  # the recipe's build and cache
+        stage1 = script_args.build_warmup(default_model_path(), examples, seeded)[0]  # the recipe's build and cache
+        if second not in SECOND_STAGES:
+            return stage1
+        # The recipe's second stage, each confidence it teaches taught in the single-turn format too (the model's
+        # answer and that confidence in one reply); its answer turns are the first stage's multi-turn ones.
+        answer_turns = [
+            e
+            for e in examples
+            if all(m["role"] != "assistant" for m in e["prompt"]) and e["prompt"][0]["content"] != single_turn_prompt
+        ]
+        stage = SECOND_STAGES[second](
+            stage1,
+            train,
+            answer_turns,
+            script_args,
+            seeded,
+            twins=lambda turns: single_turn_twins(turns, single_turn_prompt),
+        )
+        return stage["model"]
 
     warmups, tokens = {}, {}
-    train = train.select(range(n, len(train)))
     single_train, single_eval = (with_system_prompt(d, single_turn_prompt) for d in (train, evaluation))
     g_c = base_args.num_generations_confidence
     answers = base_args.per_device_train_batch_size * base_args.gradient_accumulation_steps  # per step
@@ -451,7 +483,7 @@ def calibration(
         fixed = dict(seed=seed, max_steps=steps, per_device_train_batch_size=rows, logging_steps=1)
         machine = {"bf16": base_args.bf16, "activation_checkpointing": False, **device_args()}
         args = cpu_test_args(scratch_dir(), GRPOConfig, **{**machine, **settings, **fixed})
-        trainer = AnswerKLGRPOTrainer(
+        trainer = single_turn_trainer(base_args)(
             model=model,
             reward_funcs=single_turn_rlcr_reward(),
             args=args,
@@ -496,7 +528,7 @@ def calibration(
         "agreement_samples": agreement_samples,
         "confidence_samples": confidence_samples,
         "single_turn": {
-            "trainer": "AnswerKLGRPOTrainer (GRPOTrainer, KL on the tokens through </answer> only)",
+            "trainer": single_turn_trainer(base_args).__name__,
             "settings": settings,
             "overrides": overrides,
             "rows_per_step": single_rows or "matched to multi-turn's measured generated tokens per step",

@@ -35,6 +35,26 @@ def single_turn_rlcr_reward():
     return rlcr_single_turn
 
 
+def single_turn_twins(confidence_turns, system_prompt: str) -> list[dict]:
+    """Single-turn SFT examples stating what multi-turn `confidence_turns` state: each one's question under
+    `system_prompt`, completed by the answer its prompt carries followed by its stated confidence, in one reply (the
+    format warm-up's single-turn examples, `rlcr_format_examples`, write it so)."""
+    twins = []
+    for example in confidence_turns:
+        *question, answer, _ = example["prompt"]  # the question's messages, the model's answer, the confidence prompt
+        reply = answer["content"] + example["completion"][0]["content"]
+        twins.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": system_prompt},
+                    *(m for m in question if m["role"] != "system"),
+                ],
+                "completion": [{"role": "assistant", "content": reply}],
+            }
+        )
+    return twins
+
+
 class AnswerKLGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose KL term covers each completion only through the last `answer_end` (`</answer>`): the
     confidence that follows it in a single-turn RLCR reply has none, as multi-turn RLCR's confidence rows have none

@@ -16,7 +16,10 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_ext.core.tail_spans import tail_token_mask
 from trl_ext.evaluation.records import read_jsonl
 from trl_ext.evaluation.rlcr import calibration_evaluation
+from trl_ext.models.probability_warmup import probability_confidence_examples
+from trl_ext.recipe import rlcr as rlcr_recipe
 from trl_ext.testing import BatchRecorder, ScriptedGeneration, cpu_test_args, tiny_causal_lm, tiny_checkpoint
+from trl_ext.trainers import RLCRMultiTurnConfig
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -129,8 +132,41 @@ def test_kl_is_zero_on_the_confidence_and_unchanged_on_the_answer(batch, checkpo
     assert loss(ours, without_tail) == pytest.approx(loss(plain, without_tail), abs=1e-6)
 
 
+def test_single_turn_twins_state_a_confidence_turns_value_after_its_answer_in_one_reply():
+    turn = {
+        "prompt": [
+            {"role": "system", "content": "Answer inside <answer></answer>."},
+            {"role": "user", "content": "What is 2+3?"},
+            {"role": "assistant", "content": "<answer>6</answer>"},
+            {"role": "user", "content": "Confidence?"},
+        ],
+        "completion": [{"role": "assistant", "content": "<confidence>0.3</confidence>"}],
+    }
+    assert single_turn.single_turn_twins([turn], "Both, one reply.") == [
+        {
+            "prompt": [{"role": "system", "content": "Both, one reply."}, {"role": "user", "content": "What is 2+3?"}],
+            "completion": [{"role": "assistant", "content": "<answer>6</answer><confidence>0.3</confidence>"}],
+        }
+    ]
+
+
 # -- the benchmark's bookkeeping (benchmarks/rlcr_bench.py calibration) -----------------------------------------------
 bench = pytest.importorskip("rlcr_bench")
+
+
+@pytest.mark.parametrize(
+    ("beta", "confidence_beta", "trainer"),
+    [(0.5, 0.0, "AnswerKLGRPOTrainer"), (0.5, 0.5, "GRPOTrainer"), (0.5, None, "GRPOTrainer")],
+)
+def test_single_turn_baseline_places_its_kl_as_multi_turn_does(beta, confidence_beta, trainer):
+    args = RLCRMultiTurnConfig(output_dir="unused", beta=beta, confidence_beta=confidence_beta, use_cpu=True)
+    assert bench.single_turn_trainer(args).__name__ == trainer
+
+
+def test_single_turn_baseline_refuses_a_kl_it_cannot_place():
+    args = RLCRMultiTurnConfig(output_dir="unused", beta=0.5, confidence_beta=0.2, use_cpu=True)
+    with pytest.raises(SystemExit, match="--confidence_beta 0 or the value of --beta"):
+        bench.single_turn_trainer(args)
 
 
 def test_tokens_per_step_and_matched_rows_by_hand():
@@ -235,17 +271,43 @@ def test_calibration_runs_both_methods_on_a_tiny_model_and_reports_their_tokens(
     small += ["--max_confidence_length", "6", "--num_train_samples", "40", "--num_eval_samples", "6"]
     small += ["--warmup_samples", "4", "--bf16", "false", "--per_device_eval_batch_size", "6"]
     real = bench.rlcr_cpu_run
+    builds = []  # each warm-up stage's examples
 
     def tiny_run(flags):
         script_args, args, train, evaluation = real((*flags, *small))
-        script_args.build_warmup = lambda base, examples, seeded: (checkpoint, 0.0)
+        script_args.build_warmup = lambda base, examples, seeded: (builds.append(list(examples)), (checkpoint, 0.0))[1]
         return script_args, args, train, evaluation
 
+    def judged(stage1, rows, confidence_prompt, **kwargs):  # the second stage's answers, stated 0.2 or 0.7 in turn
+        prompts = [list(row["prompt"]) for row in rows]
+        stated = [(0.2, 0.7)[i % 2] for i in range(len(rows))]
+        examples = probability_confidence_examples(
+            prompts, ["<answer>3</answer>"] * len(rows), stated, confidence_prompt
+        )
+        return {"examples": examples, "stats": {}}
+
     monkeypatch.setattr(bench, "rlcr_cpu_run", tiny_run)
+    monkeypatch.setattr(rlcr_recipe, "probability_examples", judged)
     monkeypatch.setattr(bench, "default_model_path", lambda: checkpoint)
     result, records = bench.calibration(
         None, [7], 1, "tune", 2, overrides={"learning_rate": 1e-4}, confidence_samples=2
     )
+
+    # The recipe's two stages, teaching both formats: the second states each confidence in the single-turn format too.
+    stage1, stage2 = builds
+    system = bench.SINGLE_TURN_SUFFIX
+    single = [e for e in stage2 if e["prompt"][0]["content"].endswith(system)]
+    confidence_turns = [e for e in stage2 if len(e["prompt"]) == 4]
+    assert len(single) == len(confidence_turns) == 36  # the 36 RL rows, as many stating 0.2 as 0.7
+    assert sorted(e["completion"][0]["content"] for e in single) == sorted(
+        "<answer>3</answer>" + e["completion"][0]["content"] for e in confidence_turns
+    )
+    answer_turns = [e for e in stage1 if len(e["prompt"]) == 2 and not e["prompt"][0]["content"].endswith(system)]
+    assert len(answer_turns) == 4 and len(stage2) == 36 + 36 + 4 * 9  # answer turns repeated to about 36
+    # the first stage has the recipe's warm-up rows, the second RL's: none of them in both
+    warmup_questions = {e["prompt"][1]["content"] for e in answer_turns}
+    assert len(warmup_questions) == 4 and not warmup_questions & {e["prompt"][1]["content"] for e in confidence_turns}
+    assert result["single_turn"]["trainer"] == "GRPOTrainer"  # the default's KL covers the confidence turn too
 
     tokens = result["generated_tokens"]["7"]
     assert tokens["multi_turn_rows_per_step"] == 2 * (1 + 2)

@@ -529,11 +529,12 @@ def agreement_stage(stage1, rows, answer_turns, script_args, training_args) -> d
     return second_stage(stage1, built["examples"], stats, answer_turns, script_args, training_args, started)
 
 
-def probability_stage(stage1, rows, answer_turns, script_args, training_args) -> dict:
+def probability_stage(stage1, rows, answer_turns, script_args, training_args, twins=None) -> dict:
     """`--warmup_confidences answer_probability`'s second stage: `stage1` fine-tuned again, with the same settings, on
     confidence turns stating the chance that its greedy answer to each of `rows` (those with a gold answer) is right,
     read off the probability it gives that answer (computed once and cached, [`~trl_ext.models.probability_warmup`]),
-    beside the first stage's `answer_turns` (gold) again. Returns its report, as [`agreement_stage`]'s."""
+    beside the first stage's `answer_turns` (gold) again. Returns its report, as [`agreement_stage`]'s. `twins`: as
+    [`second_stage`]'s."""
     started = time.monotonic()
     judged = [row for row in rows if not is_missing(row[training_args.solution_column])]
     if not judged:
@@ -555,18 +556,25 @@ def probability_stage(stage1, rows, answer_turns, script_args, training_args) ->
         chat_template_kwargs=training_args.chat_template_kwargs,
         use_cpu=training_args.use_cpu,
     )
-    return second_stage(stage1, built["examples"], built["stats"], answer_turns, script_args, training_args, started)
+    return second_stage(
+        stage1, built["examples"], built["stats"], answer_turns, script_args, training_args, started, twins
+    )
 
 
-def second_stage(stage1, confidence_turns, stats, answer_turns, script_args, training_args, started) -> dict:
+def second_stage(
+    stage1, confidence_turns, stats, answer_turns, script_args, training_args, started, twins=None
+) -> dict:
     """`stage1` fine-tuned on `confidence_turns` (as many per stated value) beside `answer_turns`, repeated to about
-    as many (the answers are trained as much as the confidence); its report."""
+    as many (the answers are trained as much as the confidence); its report. `twins`: a function of the balanced
+    confidence turns giving more examples to train beside them (the calibration benchmark's single-turn format,
+    benchmarks/rlcr_bench.py); the recipe has none."""
     balanced = balanced_by_share(confidence_turns, training_args.seed, training_args.confidence_tag)
     # The embedded default's stage states 800 confidences beside 200 answer turns: with each answer turn once, the
     # greedy accuracy after the stage fell in each of three seeds (0.255 -> 0.125, 0.275 -> 0.24, 0.145 -> 0.085 on
     # the tune split, against 400 confidences; docs/benchmarks.md, RLCR ablations).
     repeats = max(1, round(len(balanced) / len(answer_turns)))
-    path, sft_seconds = script_args.build_warmup(stage1, [*answer_turns * repeats, *balanced], training_args)
+    examples = [*answer_turns * repeats, *balanced, *(twins(balanced) if twins else ())]
+    path, sft_seconds = script_args.build_warmup(stage1, examples, training_args)
     return {
         "model": path,
         **stats,
