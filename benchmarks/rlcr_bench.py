@@ -28,9 +28,13 @@ the ratios of the medians and of the mins to each GRPO.
 calibration: multi-turn RLCR (the recipe's embedded-default run: G_a answers, then G_c confidences per answer)
 against single-turn RLCR (answer and confidence in one completion, reward accuracy + Brier, on GRPOTrainer), both
 from one format warm-up that teaches both formats (so that the single-turn baseline states confidences at all), with
-the recipe's learning rate, temperature and step count. The baseline gets what multi-turn's default gets: its KL
-term (`beta`) on the answer tokens only, through `</answer>` (`AnswerKLGRPOTrainer`, single_turn_rlcr.py; multi-turn's
-confidence rows have `confidence_beta 0`); its advantages on the batch's reward scale (`scale_rewards batch`, as
+the recipe's learning rate, temperature and step count. The warm-up is the recipe's (`--warmup_confidences`), built
+per seed with a single-turn example beside each multi-turn one: the first stage's gold answers with drawn
+confidences, and in the two-stage default each confidence the second stage teaches also as one single-turn reply (the
+model's answer, then that confidence: `single_turn_twins`). The baseline gets what multi-turn's default gets: its KL
+term (`beta`) where multi-turn has it (`single_turn_trainer`: every token with the default's `confidence_beta` =
+`beta`, GRPOTrainer; the answer tokens only, through `</answer>`, with `confidence_beta 0`, AnswerKLGRPOTrainer in
+single_turn_rlcr.py); its advantages on the batch's reward scale (`scale_rewards batch`, as
 multi-turn's confidence rows: see `single_turn_settings`); as many generated tokens per step, measured (its replies
 per step matched, per seed, to multi-turn's measured tokens per step at the mean length of replies the warm-up model
 samples; both runs' generated tokens from TRL's logged lengths, per seed in `generated_tokens`); and settings tuned
@@ -435,8 +439,8 @@ def calibration(
         model_path = warmups[seed] = warm_up(seed)
         seed_tokens = tokens[str(seed)] = {}
         if "multi_turn" in methods:
-            # float32 weights under bf16 autocast, as the recipe trains (`dtype: float32`, `bf16: true`): in bfloat16
-            # weights Adam's steps of about the learning rate (5e-5) fall below their precision, on a GPU too
+            # float32 weights (with bf16 autocast where the recipe's `bf16` asks for it): in bfloat16 weights Adam's
+            # steps of about the learning rate (5e-5) fall below their precision, on a GPU too
             model, tokenizer = load_model(model_path, torch.float32)
             args = deepcopy(base_args)
             args.__dict__.update(
@@ -516,7 +520,8 @@ def calibration(
         )
         if target:
             seed_tokens["single_over_multi"] = seed_tokens["single_turn_per_step"] / target
-    device = f"float32 weights, bf16 autocast, {device_name() if on_cuda() else 'CPU'}"
+    autocast = ", bf16 autocast" if base_args.bf16 else ""
+    device = f"float32 weights{autocast}, {device_name() if on_cuda() else 'CPU'}"
     return {
         "model": f"format warm-up (both formats) of SmolLM2-135M-Instruct, {device}",
         "warmup_models": warmups,
@@ -668,8 +673,10 @@ def plot_calibration(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.axes[0].legend(fontsize=7)
     verdict = result["summary"].get("verdict")
+    answer_only = result["single_turn"]["trainer"].startswith("AnswerKLGRPOTrainer")
+    kl = "KL on its answer tokens" if answer_only else "KL on every token"
     fig.suptitle(
-        f"RLCR, {result['model']}, one per seed: multi-turn vs single-turn (KL on its answer tokens, batch reward "
+        f"RLCR, {result['model']}, one per seed: multi-turn vs single-turn ({kl}, batch reward "
         f"scaling, replies per step matched to multi-turn's measured tokens), greedy evaluation on "
         f"{result['evaluation']}" + (f"\n{verdict}" if verdict else ""),
         fontsize=10,

@@ -204,7 +204,13 @@ def _run(seed, auroc_within, tokens):
 def _result(seed, multi, single, ratio):
     runs = {"multi_turn": [_run(seed, multi, 1000.0)], "single_turn": [_run(seed, single, 1000.0 * ratio)]}
     tokens = {str(seed): {"multi_turn_per_step": 62.5, "single_over_multi": ratio}}
-    settings = dict(steps=16, split="report", evaluate_every=4, agreement_samples=8, single_turn={"settings": {}})
+    settings = dict(
+        steps=16,
+        split="report",
+        evaluate_every=4,
+        agreement_samples=8,
+        single_turn={"settings": {}, "trainer": "GRPOTrainer"},
+    )
     settings |= {"model": "a warm-up", "evaluation": "200 held-out questions of the report split, greedy"}
     return {
         **settings,
