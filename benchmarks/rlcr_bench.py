@@ -391,6 +391,8 @@ def calibration(
     warmup_rows, train = train.select(range(n)), train.select(range(n, len(train)))
     steps = steps or base_args.max_steps
     single_turn_prompt = script_args.system_prompt + SINGLE_TURN_SUFFIX
+    # chosen once, before the warm-ups: a KL the baseline cannot place fails before half an hour of building
+    single_turn_class = single_turn_trainer(base_args)
 
     second = script_args.warmup_confidences
     if second == "agreement":
@@ -487,7 +489,7 @@ def calibration(
         fixed = dict(seed=seed, max_steps=steps, per_device_train_batch_size=rows, logging_steps=1)
         machine = {"bf16": base_args.bf16, "activation_checkpointing": False, **device_args()}
         args = cpu_test_args(scratch_dir(), GRPOConfig, **{**machine, **settings, **fixed})
-        trainer = single_turn_trainer(base_args)(
+        trainer = single_turn_class(
             model=model,
             reward_funcs=single_turn_rlcr_reward(),
             args=args,
@@ -533,7 +535,7 @@ def calibration(
         "agreement_samples": agreement_samples,
         "confidence_samples": confidence_samples,
         "single_turn": {
-            "trainer": single_turn_trainer(base_args).__name__,
+            "trainer": single_turn_class.__name__,
             "settings": settings,
             "overrides": overrides,
             "rows_per_step": single_rows or "matched to multi-turn's measured generated tokens per step",
